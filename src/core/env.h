@@ -1,0 +1,18 @@
+// Every environment variable moetrain reads, declared in one place with its default.
+//   MT_LOG_LEVEL       debug|info|warn|error|off   (info)
+//   MT_LOG_ALL_RANKS   1 makes every rank print    (0)
+//   MT_SYNC_DEBUG      1 synchronizes the device after every op so faults point at their op (0)
+//   MT_NUM_THREADS     CPU worker threads for kernels and data (0 = hardware concurrency)
+#pragma once
+#include <string>
+
+namespace moetrain {
+
+std::string env_string(const char* name, const std::string& fallback);
+long env_int(const char* name, long fallback);
+
+bool env_log_all_ranks();
+bool env_sync_debug();
+int env_num_threads();
+
+}  // namespace moetrain

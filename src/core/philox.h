@@ -1,0 +1,50 @@
+// Philox4x32-10 counter-based RNG (Salmon et al., SC'11). Stateless: the same (key, counter)
+// always gives the same four 32-bit words, on the CPU and in CUDA kernels, which makes random
+// streams reproducible per step and per rank no matter how work is split.
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define MT_HD __host__ __device__ __forceinline__
+#else
+#define MT_HD inline
+#endif
+
+namespace moetrain {
+
+struct Philox4 {
+  uint32_t v[4];
+};
+
+MT_HD Philox4 philox4x32(uint64_t key, uint64_t counter_hi, uint64_t counter_lo) {
+  uint32_t c0 = static_cast<uint32_t>(counter_lo), c1 = static_cast<uint32_t>(counter_lo >> 32);
+  uint32_t c2 = static_cast<uint32_t>(counter_hi), c3 = static_cast<uint32_t>(counter_hi >> 32);
+  uint32_t k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
+  for (int r = 0; r < 10; ++r) {
+    uint64_t p0 = static_cast<uint64_t>(0xD2511F53u) * c0;
+    uint64_t p1 = static_cast<uint64_t>(0xCD9E8D57u) * c2;
+    uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ k0;
+    uint32_t n1 = static_cast<uint32_t>(p1);
+    uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3 ^ k1;
+    uint32_t n3 = static_cast<uint32_t>(p0);
+    c0 = n0; c1 = n1; c2 = n2; c3 = n3;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return {{c0, c1, c2, c3}};
+}
+
+// Uniform in (0, 1], from the top 24 bits.
+MT_HD float philox_uniform(uint32_t x) { return (static_cast<float>(x >> 8) + 1.0f) * (1.0f / 16777216.0f); }
+
+// Two standard normals by Box-Muller from one Philox call's first two words.
+MT_HD void philox_normal2(const Philox4& r, float* a, float* b) {
+  float u1 = philox_uniform(r.v[0]), u2 = philox_uniform(r.v[1]);
+  float rad = sqrtf(-2.0f * logf(u1));
+  float th = 6.283185307179586f * u2;
+  *a = rad * cosf(th);
+  *b = rad * sinf(th);
+}
+
+}  // namespace moetrain

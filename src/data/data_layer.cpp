@@ -1,0 +1,2 @@
+// placeholder until the data layer lands
+namespace moetrain {}

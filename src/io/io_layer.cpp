@@ -1,0 +1,2 @@
+// placeholder until the io layer lands
+namespace moetrain {}

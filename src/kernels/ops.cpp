@@ -1,0 +1,2 @@
+// Placeholder: dispatch lands with the CPU kernels.
+namespace moetrain {}

@@ -1,0 +1,158 @@
+// ops.h: one backend-neutral signature per op, forward and backward. Each op checks shapes and
+// dtypes, then dispatches on the tensors' device to cpu:: (the reference, fp32, trusted by the
+// tests) or cuda:: (bf16 activations/weights, fp32 accumulation). Model code calls only these.
+//
+// Conventions
+// - Row-major, contiguous inputs unless said otherwise. Shapes are written beside each argument.
+// - T = tokens of one packed micro-batch, H = hidden, V = vocab, E = experts, k = top-k,
+//   nh/nkv = query/kv heads, d = head dim, I = expert (or dense) intermediate width.
+// - Outputs named d* that are parameter gradients ACCUMULATE (+=) in fp32; activation gradients
+//   are overwritten unless the op says otherwise.
+// - Compute-dtype tensors ("act") are f32 on the CPU and bf16 (or f32) on CUDA; statistics that
+//   feed backward (rstd, lse, probs) are always f32.
+#pragma once
+#include <cstdint>
+
+#include "core/context.h"
+#include "core/tensor.h"
+
+namespace moetrain::ops {
+
+// ---- utilities -----------------------------------------------------------------------------
+void cast(Context& ctx, const Tensor& src, Tensor& dst);       // same numel, float dtypes
+void add_(Context& ctx, Tensor& y, const Tensor& x, float alpha = 1.0f);  // y += alpha * x
+void scale_(Context& ctx, Tensor& y, float alpha);             // y *= alpha
+double sum_squares(Context& ctx, const Tensor& x);             // sum x^2 in fp64 (for norms)
+// Fills with normal(mean, std): element i uses Philox(stream.key, stream.counter, i), so the
+// values depend only on the stream and the index (identical on CPU and CUDA up to libm).
+void fill_normal(Context& ctx, Tensor& t, float mean, float std, RngStream stream);
+
+// ---- embedding -----------------------------------------------------------------------------
+void embedding_forward(Context& ctx, const Tensor& table /*[V,H]*/, const Tensor& ids /*[T] i32*/,
+                       Tensor& out /*[T,H]*/);
+void embedding_backward(Context& ctx, const Tensor& ids /*[T] i32*/, const Tensor& dout /*[T,H]*/,
+                        Tensor& dtable /*[V,H] f32, +=*/);
+
+// ---- RMSNorm over the last dim: y = x * rsqrt(mean(x^2) + eps) * w -------------------------
+// Per-head norms (q_norm/k_norm) pass x viewed as [T*heads, d].
+void rmsnorm_forward(Context& ctx, const Tensor& x /*[R,D]*/, const Tensor& w /*[D]*/, float eps,
+                     Tensor& y /*[R,D]*/, Tensor& rstd /*[R] f32*/);
+void rmsnorm_backward(Context& ctx, const Tensor& x /*[R,D]*/, const Tensor& w /*[D]*/,
+                      const Tensor& rstd /*[R]*/, const Tensor& dy /*[R,D]*/, Tensor& dx /*[R,D]*/,
+                      Tensor& dw /*[D] f32, +=*/);
+
+// ---- GEMM: C[M,N] = alpha * op(A) * op(B) + beta * C ---------------------------------------
+enum class Trans : uint8_t { kNo, kYes };
+void matmul(Context& ctx, const Tensor& a, Trans ta, const Tensor& b, Trans tb, Tensor& c,
+            float alpha = 1.0f, float beta = 0.0f);
+
+// ---- RoPE, rotate-half convention: dim i pairs with i + d/2; angle = pos * theta^(-2i/d) ----
+void rope_forward(Context& ctx, const Tensor& x /*[T,heads,d]*/, const Tensor& pos /*[T] i32*/,
+                  float theta, Tensor& y /*[T,heads,d]*/);
+void rope_backward(Context& ctx, const Tensor& dy /*[T,heads,d]*/, const Tensor& pos /*[T] i32*/,
+                   float theta, Tensor& dx /*[T,heads,d]*/);
+
+// ---- causal GQA attention over packed documents ---------------------------------------------
+// cu_seqlens [docs+1] i32: document start offsets, first 0, last T. A query attends keys of its
+// own document at positions <= its own. Query head j reads kv head j / (nh / nkv).
+// lse [nh, T] f32 is the log-sum-exp of the scaled scores, saved for backward.
+void attention_forward(Context& ctx, const Tensor& q /*[T,nh,d]*/, const Tensor& k /*[T,nkv,d]*/,
+                       const Tensor& v /*[T,nkv,d]*/, const Tensor& cu_seqlens, int max_seqlen,
+                       float scale, Tensor& out /*[T,nh,d]*/, Tensor& lse /*[nh,T] f32*/);
+void attention_backward(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& out, const Tensor& lse, const Tensor& dout /*[T,nh,d]*/,
+                        const Tensor& cu_seqlens, int max_seqlen, float scale,
+                        Tensor& dq /*[T,nh,d]*/, Tensor& dk /*[T,nkv,d]*/, Tensor& dv /*[T,nkv,d]*/);
+
+// ---- SwiGLU on a fused gate|up row: h = silu(gu[:, :I]) * gu[:, I:] --------------------------
+void swiglu_forward(Context& ctx, const Tensor& gu /*[N,2I]*/, Tensor& h /*[N,I]*/);
+void swiglu_backward(Context& ctx, const Tensor& gu /*[N,2I]*/, const Tensor& dh /*[N,I]*/,
+                     Tensor& dgu /*[N,2I]*/);
+
+// ---- MoE router ----------------------------------------------------------------------------
+// probs = softmax(logits) in fp32; top-k by probability, ties broken by the lower expert index;
+// weights = probs at the chosen experts, divided by their sum when `normalize`.
+void router_topk(Context& ctx, const Tensor& logits /*[T,E] f32*/, int k, bool normalize,
+                 Tensor& probs /*[T,E] f32*/, Tensor& topk_idx /*[T,k] i32*/,
+                 Tensor& topk_w /*[T,k] f32*/);
+// dlogits = d/dlogits of (sum dtopk_w * topk_w + sum dprobs_extra * probs); dprobs_extra may be
+// undefined (it carries the aux-loss gradient).
+void router_topk_backward(Context& ctx, const Tensor& probs, const Tensor& topk_idx,
+                          const Tensor& topk_w, const Tensor& dtopk_w /*[T,k]*/,
+                          const Tensor& dprobs_extra /*[T,E] or undefined*/, bool normalize,
+                          Tensor& dlogits /*[T,E] f32*/);
+
+// Load-balancing statistics of one layer, accumulated: counts[e] += number of (token, slot)
+// picks of e; prob_sum[e] += sum over tokens of probs[:, e].
+void router_stats(Context& ctx, const Tensor& probs /*[T,E]*/, const Tensor& topk_idx /*[T,k]*/,
+                  Tensor& counts /*[E] f32, +=*/, Tensor& prob_sum /*[E] f32, +=*/);
+// aux = E * sum_e (counts[e] / N) * (prob_sum[e] / N), N = rows the stats cover (HF form when
+// stats span all layers; Megatron per-layer form when per layer). Host math on [E] values.
+double aux_loss_value(const Tensor& counts, const Tensor& prob_sum, int64_t rows);
+// d aux / d probs[t,e] = coef * E * counts[e] / N^2, the same for every row: dprobs += that row.
+void aux_loss_backward(Context& ctx, const Tensor& counts /*[E]*/, int64_t rows, float coef,
+                       Tensor& dprobs /*[T,E] f32, +=*/);
+// Router z-loss (ST-MoE): z = sum over tokens of logsumexp(logits)^2 (caller divides by the
+// token count); backward adds scale * 2 * lse[t] * softmax(logits)[t] to dlogits.
+double router_zloss_forward(Context& ctx, const Tensor& logits /*[T,E] f32*/, Tensor& lse /*[T] f32*/);
+void router_zloss_backward(Context& ctx, const Tensor& logits, const Tensor& lse, float scale,
+                           Tensor& dlogits /*[T,E] f32, +=*/);
+
+// ---- token permutation into expert-contiguous order -----------------------------------------
+// counts [E] i32, offsets [E+1] i32 (exclusive prefix sums), row_of [T*k] i32: the permuted row of
+// pick (t, j) (flat t*k+j); token_of [T*k] i32: the token of each permuted row. Within an expert,
+// rows are in ascending flat pick order (stable, deterministic).
+void moe_route_index(Context& ctx, const Tensor& topk_idx /*[T,k] i32*/, int num_experts,
+                     Tensor& counts, Tensor& offsets, Tensor& row_of, Tensor& token_of);
+void moe_permute(Context& ctx, const Tensor& x /*[T,H]*/, const Tensor& token_of /*[T*k]*/,
+                 Tensor& xp /*[T*k,H]*/);
+void moe_permute_backward(Context& ctx, const Tensor& dxp /*[T*k,H]*/, const Tensor& row_of /*[T*k]*/,
+                          Tensor& dx /*[T,H], overwritten*/);
+// y[t] = sum_j topk_w[t,j] * yp[row_of[t*k+j]]
+void moe_unpermute(Context& ctx, const Tensor& yp /*[T*k,H]*/, const Tensor& row_of,
+                   const Tensor& topk_w /*[T,k] f32*/, Tensor& y /*[T,H]*/);
+void moe_unpermute_backward(Context& ctx, const Tensor& dy /*[T,H]*/, const Tensor& yp,
+                            const Tensor& row_of, const Tensor& topk_w, Tensor& dyp /*[T*k,H]*/,
+                            Tensor& dtopk_w /*[T,k] f32*/);
+
+// ---- grouped expert GEMM: y[r] = x[r] W[e]^T for rows r in [offsets[e], offsets[e+1]) ----------
+// offsets live on the tensors' device (no host synchronization needed by the caller).
+void grouped_matmul(Context& ctx, const Tensor& x /*[N,K]*/, const Tensor& w /*[E,M,K]*/,
+                    const Tensor& offsets /*[E+1] i32*/, Tensor& y /*[N,M]*/);
+// dx = dy W[e] (skipped when dx is undefined); dw[e] += dy_e^T x_e.
+void grouped_matmul_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& offsets,
+                             const Tensor& dy /*[N,M]*/, Tensor& dx /*[N,K]*/,
+                             Tensor& dw /*[E,M,K] f32, +=*/);
+
+// ---- cross-entropy over a large vocabulary ------------------------------------------------
+// losses[t] = weights[t] * (lse[t] - logits[t, labels[t]]), 0 where labels[t] == -100.
+// weights may be undefined (all ones); they carry loss masks and the 1/N of a mean.
+void cross_entropy_forward(Context& ctx, const Tensor& logits /*[T,V]*/, const Tensor& labels /*[T] i32*/,
+                           const Tensor& weights /*[T] f32 or undefined*/, Tensor& losses /*[T] f32*/,
+                           Tensor& lse /*[T] f32*/);
+// dlogits[t] = dloss_scale * weights[t] * (softmax(logits[t]) - onehot(labels[t])); 0 if ignored.
+void cross_entropy_backward(Context& ctx, const Tensor& logits, const Tensor& labels,
+                            const Tensor& weights, const Tensor& lse, float dloss_scale,
+                            Tensor& dlogits /*[T,V]*/);
+enum class Reduction : uint8_t { kMean, kSum };
+// Convenience: loss over positions with label != -100 and mask != 0 (mask [T] u8 or undefined),
+// reduced by mean (over those positions) or sum; writes dlogits when defined.
+double cross_entropy(Context& ctx, const Tensor& logits, const Tensor& labels, const Tensor& mask,
+                     Reduction reduction, Tensor* dlogits);
+
+// ---- AdamW (decoupled weight decay), fp32 master weights and states -----------------------
+struct AdamWParams {
+  float lr = 1e-4f;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  int64_t step = 1;         // 1-based, for bias correction
+  float grad_scale = 1.0f;  // multiplies the gradient first (clipping)
+};
+// master, grad, m, v: same shape, f32. When `compute` is defined (bf16 or f32), it receives the
+// updated weights in its dtype.
+void adamw_step(Context& ctx, Tensor& master, const Tensor& grad, Tensor& m, Tensor& v,
+                const AdamWParams& p, Tensor& compute);
+
+}  // namespace moetrain::ops

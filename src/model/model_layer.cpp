@@ -1,0 +1,2 @@
+// placeholder until the model layer lands
+namespace moetrain {}

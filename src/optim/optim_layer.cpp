@@ -1,0 +1,2 @@
+// placeholder until the optim layer lands
+namespace moetrain {}

@@ -1,0 +1,2 @@
+// placeholder until the parallel layer lands
+namespace moetrain {}

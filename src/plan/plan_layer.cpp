@@ -1,0 +1,2 @@
+// placeholder until the plan layer lands
+namespace moetrain {}

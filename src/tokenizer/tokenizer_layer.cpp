@@ -1,0 +1,2 @@
+// placeholder until the tokenizer layer lands
+namespace moetrain {}

@@ -1,0 +1,2 @@
+// placeholder until the train layer lands
+namespace moetrain {}
