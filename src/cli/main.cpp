@@ -21,7 +21,9 @@ static void usage() {
   auto cmds = moetrain::cli::command_registry();
   std::sort(cmds.begin(), cmds.end(), [](auto& a, auto& b) { return a.name < b.name; });
   std::fprintf(stderr, "usage: moetrain <command> [options]   (moetrain <command> --help for its options)\n\ncommands:\n");
-  for (auto& c : cmds) std::fprintf(stderr, "  %-10s %s\n", c.name.c_str(), c.summary.c_str());
+  for (auto& c : cmds)
+    if (!c.summary.empty())  // commands registered without a summary are hidden testing aids
+      std::fprintf(stderr, "  %-10s %s\n", c.name.c_str(), c.summary.c_str());
 }
 
 int main(int argc, char** argv) {

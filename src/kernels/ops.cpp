@@ -1,2 +1,522 @@
-// Placeholder: dispatch lands with the CPU kernels.
-namespace moetrain {}
+// ops.cpp: backend-neutral checks (shapes, dtypes, one device per op, contiguity) and dispatch.
+// Each op ends in one MT_DISPATCH line: CPU tensors go to cpu::, CUDA tensors to cuda:: (a build
+// without the CUDA backend fails with a clear message). Value checks that need the data (index
+// ranges, cu_seqlens, offsets) live in the backends, which can read their own memory.
+#include "kernels/ops.h"
+
+#include <initializer_list>
+
+#include "kernels/cpu/cpu_ops.h"
+#ifdef MT_WITH_CUDA
+#include "kernels/cuda/cuda_ops.h"
+#endif
+
+namespace moetrain::ops {
+
+namespace {
+
+[[noreturn]] void no_cuda_backend(const char* op) {
+  MT_FAIL("[{}] the tensors are on a CUDA device but this build has no CUDA backend "
+          "(configure with MT_CUDA=ON where nvcc is available)", op);
+}
+template <typename R>
+R no_cuda(const char* op) {
+  no_cuda_backend(op);
+}
+
+#ifdef MT_WITH_CUDA
+#define MT_DISPATCH(dev, op, ...) \
+  return (dev).is_cuda() ? cuda::op(__VA_ARGS__) : cpu::op(__VA_ARGS__)
+#else
+#define MT_DISPATCH(dev, op, ...) \
+  return (dev).is_cuda() ? no_cuda<decltype(cpu::op(__VA_ARGS__))>(#op) : cpu::op(__VA_ARGS__)
+#endif
+
+struct Arg {
+  const Tensor& t;
+  const char* name;
+};
+enum class Layout : uint8_t { kContiguous, kRowStrided };
+
+// The device shared by the op's defined tensors; checks contiguity (or a unit-stride last dim
+// for kRowStrided) and, for CUDA tensors, that the context drives that device.
+Device device_of(const Context& ctx, const char* op, std::initializer_list<Arg> args,
+                 Layout layout = Layout::kContiguous) {
+  const Arg* first = nullptr;
+  for (const Arg& a : args) {
+    if (!a.t.defined()) continue;
+    if (!first) {
+      first = &a;
+    } else {
+      MT_CHECK(a.t.device() == first->t.device(), "[{}] {} is on {} but {} is on {}; all tensors of one op "
+               "must be on one device", op, a.name, a.t.device().str(), first->name, first->t.device().str());
+    }
+    if (layout == Layout::kContiguous) {
+      MT_CHECK(a.t.is_contiguous(), "[{}] {} ({}) must be contiguous", op, a.name, a.t.desc());
+    } else {
+      MT_CHECK(a.t.dim() == 2 && (a.t.stride(1) == 1 || a.t.size(1) <= 1) &&
+                   (a.t.size(0) <= 1 || a.t.stride(0) >= a.t.size(1)),
+               "[{}] {} ({}) must be a 2-D matrix with unit-stride rows", op, a.name, a.t.desc());
+    }
+  }
+  MT_CHECK(first, "[{}] called with no defined tensors", op);
+  const Device dev = first->t.device();
+  MT_CHECK(!dev.is_cuda() || ctx.device() == dev, "[{}] tensors are on {} but the context drives {}", op,
+           dev.str(), ctx.device().str());
+  return dev;
+}
+
+void check_float(const Tensor& t, const char* op, const char* name) {
+  MT_CHECK(dtype_is_float(t.dtype()), "[{}] {} has dtype {}, expected a float type", op, name,
+           dtype_name(t.dtype()));
+}
+void check_same_dtype(const Tensor& a, const Tensor& b, const char* op, const char* na, const char* nb) {
+  MT_CHECK(a.dtype() == b.dtype(), "[{}] {} is {} but {} is {}; expected the same dtype", op, na,
+           dtype_name(a.dtype()), nb, dtype_name(b.dtype()));
+}
+// Shape and dtype in one call.
+void expect(const Tensor& t, const Shape& shape, DType dt, const char* op, const char* name) {
+  check_shape(t, shape, op, name);
+  check_dtype(t, dt, op, name);
+}
+void expect_float(const Tensor& t, const Shape& shape, const char* op, const char* name) {
+  check_shape(t, shape, op, name);
+  check_float(t, op, name);
+}
+
+}  // namespace
+
+// ---- utilities -----------------------------------------------------------------------------
+void cast(Context& ctx, const Tensor& src, Tensor& dst) {
+  const Device dev = device_of(ctx, "cast", {{src, "src"}, {dst, "dst"}});
+  MT_CHECK(src.numel() == dst.numel(), "[cast] src {} and dst {} differ in element count", src.desc(), dst.desc());
+  check_float(src, "cast", "src");
+  check_float(dst, "cast", "dst");
+  MT_DISPATCH(dev, cast, ctx, src, dst);
+}
+
+void add_(Context& ctx, Tensor& y, const Tensor& x, float alpha) {
+  const Device dev = device_of(ctx, "add_", {{y, "y"}, {x, "x"}});
+  MT_CHECK(y.numel() == x.numel(), "[add_] y {} and x {} differ in element count", y.desc(), x.desc());
+  check_float(y, "add_", "y");
+  check_float(x, "add_", "x");
+  MT_DISPATCH(dev, add_, ctx, y, x, alpha);
+}
+
+void scale_(Context& ctx, Tensor& y, float alpha) {
+  const Device dev = device_of(ctx, "scale_", {{y, "y"}});
+  check_float(y, "scale_", "y");
+  MT_DISPATCH(dev, scale_, ctx, y, alpha);
+}
+
+double sum_squares(Context& ctx, const Tensor& x) {
+  const Device dev = device_of(ctx, "sum_squares", {{x, "x"}});
+  check_float(x, "sum_squares", "x");
+  MT_DISPATCH(dev, sum_squares, ctx, x);
+}
+
+void fill_normal(Context& ctx, Tensor& t, float mean, float std, RngStream stream) {
+  const Device dev = device_of(ctx, "fill_normal", {{t, "t"}});
+  check_float(t, "fill_normal", "t");
+  MT_CHECK(std >= 0.0f, "[fill_normal] std = {} must be >= 0", std);
+  MT_DISPATCH(dev, fill_normal, ctx, t, mean, std, stream);
+}
+
+// ---- embedding -----------------------------------------------------------------------------
+void embedding_forward(Context& ctx, const Tensor& table, const Tensor& ids, Tensor& out) {
+  const char* op = "embedding_forward";
+  const Device dev = device_of(ctx, op, {{table, "table"}, {ids, "ids"}, {out, "out"}});
+  expect_float(table, {-1, -1}, op, "table");
+  expect(ids, {-1}, DType::kI32, op, "ids");
+  check_shape(out, {ids.size(0), table.size(1)}, op, "out");
+  check_same_dtype(out, table, op, "out", "table");
+  MT_DISPATCH(dev, embedding_forward, ctx, table, ids, out);
+}
+
+void embedding_backward(Context& ctx, const Tensor& ids, const Tensor& dout, Tensor& dtable) {
+  const char* op = "embedding_backward";
+  const Device dev = device_of(ctx, op, {{ids, "ids"}, {dout, "dout"}, {dtable, "dtable"}});
+  expect(ids, {-1}, DType::kI32, op, "ids");
+  expect(dtable, {-1, -1}, DType::kF32, op, "dtable");
+  expect_float(dout, {ids.size(0), dtable.size(1)}, op, "dout");
+  MT_DISPATCH(dev, embedding_backward, ctx, ids, dout, dtable);
+}
+
+// ---- RMSNorm -------------------------------------------------------------------------------
+void rmsnorm_forward(Context& ctx, const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor& rstd) {
+  const char* op = "rmsnorm_forward";
+  const Device dev = device_of(ctx, op, {{x, "x"}, {w, "w"}, {y, "y"}, {rstd, "rstd"}});
+  expect_float(x, {-1, -1}, op, "x");
+  const int64_t R = x.size(0), D = x.size(1);
+  expect_float(w, {D}, op, "w");
+  check_shape(y, {R, D}, op, "y");
+  check_same_dtype(y, x, op, "y", "x");
+  expect(rstd, {R}, DType::kF32, op, "rstd");
+  MT_CHECK(eps >= 0.0f, "[rmsnorm_forward] eps = {} must be >= 0", eps);
+  MT_DISPATCH(dev, rmsnorm_forward, ctx, x, w, eps, y, rstd);
+}
+
+void rmsnorm_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                      const Tensor& dy, Tensor& dx, Tensor& dw) {
+  const char* op = "rmsnorm_backward";
+  const Device dev = device_of(ctx, op, {{x, "x"}, {w, "w"}, {rstd, "rstd"}, {dy, "dy"}, {dx, "dx"}, {dw, "dw"}});
+  expect_float(x, {-1, -1}, op, "x");
+  const int64_t R = x.size(0), D = x.size(1);
+  expect_float(w, {D}, op, "w");
+  expect(rstd, {R}, DType::kF32, op, "rstd");
+  expect_float(dy, {R, D}, op, "dy");
+  expect_float(dx, {R, D}, op, "dx");
+  expect(dw, {D}, DType::kF32, op, "dw");
+  MT_DISPATCH(dev, rmsnorm_backward, ctx, x, w, rstd, dy, dx, dw);
+}
+
+// ---- GEMM ----------------------------------------------------------------------------------
+void matmul(Context& ctx, const Tensor& a, Trans ta, const Tensor& b, Trans tb, Tensor& c, float alpha,
+            float beta) {
+  const char* op = "matmul";
+  const Device dev = device_of(ctx, op, {{a, "a"}, {b, "b"}, {c, "c"}}, Layout::kRowStrided);
+  check_float(a, op, "a");
+  check_float(b, op, "b");
+  check_float(c, op, "c");
+  check_same_dtype(a, b, op, "a", "b");
+  const int64_t M = ta == Trans::kNo ? a.size(0) : a.size(1), K = ta == Trans::kNo ? a.size(1) : a.size(0);
+  const int64_t Kb = tb == Trans::kNo ? b.size(0) : b.size(1), N = tb == Trans::kNo ? b.size(1) : b.size(0);
+  MT_CHECK(K == Kb, "[matmul] inner dimensions differ: op(a) is [{}, {}], op(b) is [{}, {}]", M, K, Kb, N);
+  check_shape(c, {M, N}, op, "c");
+  MT_DISPATCH(dev, matmul, ctx, a, ta, b, tb, c, alpha, beta);
+}
+
+// ---- RoPE ----------------------------------------------------------------------------------
+void rope_forward(Context& ctx, const Tensor& x, const Tensor& pos, float theta, Tensor& y) {
+  const char* op = "rope_forward";
+  const Device dev = device_of(ctx, op, {{x, "x"}, {pos, "pos"}, {y, "y"}});
+  expect_float(x, {-1, -1, -1}, op, "x");
+  MT_CHECK(x.size(2) % 2 == 0, "[rope_forward] head dim {} must be even", x.size(2));
+  expect(pos, {x.size(0)}, DType::kI32, op, "pos");
+  check_shape(y, x.shape(), op, "y");
+  check_same_dtype(y, x, op, "y", "x");
+  MT_CHECK(theta > 0.0f, "[rope_forward] theta = {} must be > 0", theta);
+  MT_DISPATCH(dev, rope_forward, ctx, x, pos, theta, y);
+}
+
+void rope_backward(Context& ctx, const Tensor& dy, const Tensor& pos, float theta, Tensor& dx) {
+  const char* op = "rope_backward";
+  const Device dev = device_of(ctx, op, {{dy, "dy"}, {pos, "pos"}, {dx, "dx"}});
+  expect_float(dy, {-1, -1, -1}, op, "dy");
+  MT_CHECK(dy.size(2) % 2 == 0, "[rope_backward] head dim {} must be even", dy.size(2));
+  expect(pos, {dy.size(0)}, DType::kI32, op, "pos");
+  check_shape(dx, dy.shape(), op, "dx");
+  check_same_dtype(dx, dy, op, "dx", "dy");
+  MT_CHECK(theta > 0.0f, "[rope_backward] theta = {} must be > 0", theta);
+  MT_DISPATCH(dev, rope_backward, ctx, dy, pos, theta, dx);
+}
+
+// ---- attention -----------------------------------------------------------------------------
+namespace {
+void check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                     const Tensor& cu_seqlens, int max_seqlen) {
+  expect_float(q, {-1, -1, -1}, op, "q");
+  const int64_t T = q.size(0), nh = q.size(1), d = q.size(2);
+  expect_float(k, {T, -1, d}, op, "k");
+  const int64_t nkv = k.size(1);
+  MT_CHECK(nkv > 0 && nh % nkv == 0, "[{}] {} query heads are not a multiple of {} kv heads", op, nh, nkv);
+  check_shape(v, k.shape(), op, "v");
+  check_same_dtype(k, q, op, "k", "q");
+  check_same_dtype(v, q, op, "v", "q");
+  expect(cu_seqlens, {-1}, DType::kI32, op, "cu_seqlens");
+  MT_CHECK(cu_seqlens.size(0) >= 2, "[{}] cu_seqlens has {} entries, expected at least 2 (0 and T)", op,
+           cu_seqlens.size(0));
+  MT_CHECK(max_seqlen >= 0, "[{}] max_seqlen = {} must be >= 0", op, max_seqlen);
+}
+}  // namespace
+
+void attention_forward(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const Tensor& cu_seqlens, int max_seqlen, float scale, Tensor& out, Tensor& lse) {
+  const char* op = "attention_forward";
+  const Device dev = device_of(ctx, op, {{q, "q"}, {k, "k"}, {v, "v"}, {cu_seqlens, "cu_seqlens"},
+                                         {out, "out"}, {lse, "lse"}});
+  check_attention(op, q, k, v, cu_seqlens, max_seqlen);
+  check_shape(out, q.shape(), op, "out");
+  check_same_dtype(out, q, op, "out", "q");
+  expect(lse, {q.size(1), q.size(0)}, DType::kF32, op, "lse");
+  MT_DISPATCH(dev, attention_forward, ctx, q, k, v, cu_seqlens, max_seqlen, scale, out, lse);
+}
+
+void attention_backward(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                        const Tensor& lse, const Tensor& dout, const Tensor& cu_seqlens, int max_seqlen,
+                        float scale, Tensor& dq, Tensor& dk, Tensor& dv) {
+  const char* op = "attention_backward";
+  const Device dev = device_of(ctx, op, {{q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}, {lse, "lse"},
+                                         {dout, "dout"}, {cu_seqlens, "cu_seqlens"}, {dq, "dq"},
+                                         {dk, "dk"}, {dv, "dv"}});
+  check_attention(op, q, k, v, cu_seqlens, max_seqlen);
+  expect_float(out, q.shape(), op, "out");
+  expect(lse, {q.size(1), q.size(0)}, DType::kF32, op, "lse");
+  expect_float(dout, q.shape(), op, "dout");
+  expect_float(dq, q.shape(), op, "dq");
+  expect_float(dk, k.shape(), op, "dk");
+  expect_float(dv, k.shape(), op, "dv");
+  MT_DISPATCH(dev, attention_backward, ctx, q, k, v, out, lse, dout, cu_seqlens, max_seqlen, scale, dq, dk, dv);
+}
+
+// ---- SwiGLU --------------------------------------------------------------------------------
+void swiglu_forward(Context& ctx, const Tensor& gu, Tensor& h) {
+  const char* op = "swiglu_forward";
+  const Device dev = device_of(ctx, op, {{gu, "gu"}, {h, "h"}});
+  expect_float(gu, {-1, -1}, op, "gu");
+  MT_CHECK(gu.size(1) % 2 == 0, "[swiglu_forward] gu width {} must be even (gate|up)", gu.size(1));
+  check_shape(h, {gu.size(0), gu.size(1) / 2}, op, "h");
+  check_same_dtype(h, gu, op, "h", "gu");
+  MT_DISPATCH(dev, swiglu_forward, ctx, gu, h);
+}
+
+void swiglu_backward(Context& ctx, const Tensor& gu, const Tensor& dh, Tensor& dgu) {
+  const char* op = "swiglu_backward";
+  const Device dev = device_of(ctx, op, {{gu, "gu"}, {dh, "dh"}, {dgu, "dgu"}});
+  expect_float(gu, {-1, -1}, op, "gu");
+  MT_CHECK(gu.size(1) % 2 == 0, "[swiglu_backward] gu width {} must be even (gate|up)", gu.size(1));
+  expect_float(dh, {gu.size(0), gu.size(1) / 2}, op, "dh");
+  expect_float(dgu, gu.shape(), op, "dgu");
+  MT_DISPATCH(dev, swiglu_backward, ctx, gu, dh, dgu);
+}
+
+// ---- MoE router ----------------------------------------------------------------------------
+void router_topk(Context& ctx, const Tensor& logits, int k, bool normalize, Tensor& probs,
+                 Tensor& topk_idx, Tensor& topk_w) {
+  const char* op = "router_topk";
+  const Device dev = device_of(ctx, op, {{logits, "logits"}, {probs, "probs"}, {topk_idx, "topk_idx"},
+                                         {topk_w, "topk_w"}});
+  expect(logits, {-1, -1}, DType::kF32, op, "logits");
+  const int64_t T = logits.size(0), E = logits.size(1);
+  MT_CHECK(k >= 1 && k <= E, "[router_topk] k = {} must be in [1, {}] (the number of experts)", k, E);
+  expect(probs, {T, E}, DType::kF32, op, "probs");
+  expect(topk_idx, {T, k}, DType::kI32, op, "topk_idx");
+  expect(topk_w, {T, k}, DType::kF32, op, "topk_w");
+  MT_DISPATCH(dev, router_topk, ctx, logits, k, normalize, probs, topk_idx, topk_w);
+}
+
+void router_topk_backward(Context& ctx, const Tensor& probs, const Tensor& topk_idx, const Tensor& topk_w,
+                          const Tensor& dtopk_w, const Tensor& dprobs_extra, bool normalize,
+                          Tensor& dlogits) {
+  const char* op = "router_topk_backward";
+  const Device dev = device_of(ctx, op, {{probs, "probs"}, {topk_idx, "topk_idx"}, {topk_w, "topk_w"},
+                                         {dtopk_w, "dtopk_w"}, {dprobs_extra, "dprobs_extra"},
+                                         {dlogits, "dlogits"}});
+  expect(probs, {-1, -1}, DType::kF32, op, "probs");
+  const int64_t T = probs.size(0), E = probs.size(1);
+  expect(topk_idx, {T, -1}, DType::kI32, op, "topk_idx");
+  const int64_t k = topk_idx.size(1);
+  expect(topk_w, {T, k}, DType::kF32, op, "topk_w");
+  expect(dtopk_w, {T, k}, DType::kF32, op, "dtopk_w");
+  if (dprobs_extra.defined()) expect(dprobs_extra, {T, E}, DType::kF32, op, "dprobs_extra");
+  expect(dlogits, {T, E}, DType::kF32, op, "dlogits");
+  MT_DISPATCH(dev, router_topk_backward, ctx, probs, topk_idx, topk_w, dtopk_w, dprobs_extra, normalize, dlogits);
+}
+
+void router_stats(Context& ctx, const Tensor& probs, const Tensor& topk_idx, Tensor& counts, Tensor& prob_sum) {
+  const char* op = "router_stats";
+  const Device dev = device_of(ctx, op, {{probs, "probs"}, {topk_idx, "topk_idx"}, {counts, "counts"},
+                                         {prob_sum, "prob_sum"}});
+  expect(probs, {-1, -1}, DType::kF32, op, "probs");
+  const int64_t T = probs.size(0), E = probs.size(1);
+  expect(topk_idx, {T, -1}, DType::kI32, op, "topk_idx");
+  expect(counts, {E}, DType::kF32, op, "counts");
+  expect(prob_sum, {E}, DType::kF32, op, "prob_sum");
+  MT_DISPATCH(dev, router_stats, ctx, probs, topk_idx, counts, prob_sum);
+}
+
+double aux_loss_value(const Tensor& counts, const Tensor& prob_sum, int64_t rows) {
+  const char* op = "aux_loss_value";
+  MT_CHECK(counts.device() == prob_sum.device(), "[aux_loss_value] counts on {} but prob_sum on {}",
+           counts.device().str(), prob_sum.device().str());
+  expect(counts, {-1}, DType::kF32, op, "counts");
+  expect(prob_sum, {counts.size(0)}, DType::kF32, op, "prob_sum");
+  MT_CHECK(rows >= 0, "[aux_loss_value] rows = {} must be >= 0", rows);
+  MT_DISPATCH(counts.device(), aux_loss_value, counts, prob_sum, rows);
+}
+
+void aux_loss_backward(Context& ctx, const Tensor& counts, int64_t rows, float coef, Tensor& dprobs) {
+  const char* op = "aux_loss_backward";
+  const Device dev = device_of(ctx, op, {{counts, "counts"}, {dprobs, "dprobs"}});
+  expect(counts, {-1}, DType::kF32, op, "counts");
+  expect(dprobs, {-1, counts.size(0)}, DType::kF32, op, "dprobs");
+  MT_CHECK(rows > 0, "[aux_loss_backward] rows = {} must be > 0", rows);
+  MT_DISPATCH(dev, aux_loss_backward, ctx, counts, rows, coef, dprobs);
+}
+
+double router_zloss_forward(Context& ctx, const Tensor& logits, Tensor& lse) {
+  const char* op = "router_zloss_forward";
+  const Device dev = device_of(ctx, op, {{logits, "logits"}, {lse, "lse"}});
+  expect(logits, {-1, -1}, DType::kF32, op, "logits");
+  expect(lse, {logits.size(0)}, DType::kF32, op, "lse");
+  MT_DISPATCH(dev, router_zloss_forward, ctx, logits, lse);
+}
+
+void router_zloss_backward(Context& ctx, const Tensor& logits, const Tensor& lse, float scale, Tensor& dlogits) {
+  const char* op = "router_zloss_backward";
+  const Device dev = device_of(ctx, op, {{logits, "logits"}, {lse, "lse"}, {dlogits, "dlogits"}});
+  expect(logits, {-1, -1}, DType::kF32, op, "logits");
+  expect(lse, {logits.size(0)}, DType::kF32, op, "lse");
+  expect(dlogits, logits.shape(), DType::kF32, op, "dlogits");
+  MT_DISPATCH(dev, router_zloss_backward, ctx, logits, lse, scale, dlogits);
+}
+
+// ---- token permutation ---------------------------------------------------------------------
+void moe_route_index(Context& ctx, const Tensor& topk_idx, int num_experts, Tensor& counts, Tensor& offsets,
+                     Tensor& row_of, Tensor& token_of) {
+  const char* op = "moe_route_index";
+  const Device dev = device_of(ctx, op, {{topk_idx, "topk_idx"}, {counts, "counts"}, {offsets, "offsets"},
+                                         {row_of, "row_of"}, {token_of, "token_of"}});
+  expect(topk_idx, {-1, -1}, DType::kI32, op, "topk_idx");
+  MT_CHECK(num_experts > 0, "[moe_route_index] num_experts = {} must be > 0", num_experts);
+  const int64_t picks = topk_idx.numel();
+  expect(counts, {num_experts}, DType::kI32, op, "counts");
+  expect(offsets, {num_experts + 1}, DType::kI32, op, "offsets");
+  expect(row_of, {picks}, DType::kI32, op, "row_of");
+  expect(token_of, {picks}, DType::kI32, op, "token_of");
+  MT_DISPATCH(dev, moe_route_index, ctx, topk_idx, num_experts, counts, offsets, row_of, token_of);
+}
+
+void moe_permute(Context& ctx, const Tensor& x, const Tensor& token_of, Tensor& xp) {
+  const char* op = "moe_permute";
+  const Device dev = device_of(ctx, op, {{x, "x"}, {token_of, "token_of"}, {xp, "xp"}});
+  expect_float(x, {-1, -1}, op, "x");
+  expect(token_of, {-1}, DType::kI32, op, "token_of");
+  check_shape(xp, {token_of.size(0), x.size(1)}, op, "xp");
+  check_same_dtype(xp, x, op, "xp", "x");
+  MT_DISPATCH(dev, moe_permute, ctx, x, token_of, xp);
+}
+
+void moe_permute_backward(Context& ctx, const Tensor& dxp, const Tensor& row_of, Tensor& dx) {
+  const char* op = "moe_permute_backward";
+  const Device dev = device_of(ctx, op, {{dxp, "dxp"}, {row_of, "row_of"}, {dx, "dx"}});
+  expect_float(dxp, {-1, -1}, op, "dxp");
+  expect(row_of, {dxp.size(0)}, DType::kI32, op, "row_of");
+  expect_float(dx, {-1, dxp.size(1)}, op, "dx");
+  const int64_t T = dx.size(0), N = dxp.size(0);
+  MT_CHECK(T > 0 ? N % T == 0 : N == 0, "[moe_permute_backward] {} permuted rows are not k per token for "
+           "{} tokens", N, T);
+  MT_DISPATCH(dev, moe_permute_backward, ctx, dxp, row_of, dx);
+}
+
+void moe_unpermute(Context& ctx, const Tensor& yp, const Tensor& row_of, const Tensor& topk_w, Tensor& y) {
+  const char* op = "moe_unpermute";
+  const Device dev = device_of(ctx, op, {{yp, "yp"}, {row_of, "row_of"}, {topk_w, "topk_w"}, {y, "y"}});
+  expect(topk_w, {-1, -1}, DType::kF32, op, "topk_w");
+  const int64_t T = topk_w.size(0), k = topk_w.size(1);
+  expect_float(yp, {T * k, -1}, op, "yp");
+  expect(row_of, {T * k}, DType::kI32, op, "row_of");
+  check_shape(y, {T, yp.size(1)}, op, "y");
+  check_same_dtype(y, yp, op, "y", "yp");
+  MT_DISPATCH(dev, moe_unpermute, ctx, yp, row_of, topk_w, y);
+}
+
+void moe_unpermute_backward(Context& ctx, const Tensor& dy, const Tensor& yp, const Tensor& row_of,
+                            const Tensor& topk_w, Tensor& dyp, Tensor& dtopk_w) {
+  const char* op = "moe_unpermute_backward";
+  const Device dev = device_of(ctx, op, {{dy, "dy"}, {yp, "yp"}, {row_of, "row_of"}, {topk_w, "topk_w"},
+                                         {dyp, "dyp"}, {dtopk_w, "dtopk_w"}});
+  expect(topk_w, {-1, -1}, DType::kF32, op, "topk_w");
+  const int64_t T = topk_w.size(0), k = topk_w.size(1);
+  expect_float(dy, {T, -1}, op, "dy");
+  const int64_t H = dy.size(1);
+  expect_float(yp, {T * k, H}, op, "yp");
+  expect(row_of, {T * k}, DType::kI32, op, "row_of");
+  expect_float(dyp, {T * k, H}, op, "dyp");
+  expect(dtopk_w, {T, k}, DType::kF32, op, "dtopk_w");
+  MT_DISPATCH(dev, moe_unpermute_backward, ctx, dy, yp, row_of, topk_w, dyp, dtopk_w);
+}
+
+// ---- grouped expert GEMM -------------------------------------------------------------------
+void grouped_matmul(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& offsets, Tensor& y) {
+  const char* op = "grouped_matmul";
+  const Device dev = device_of(ctx, op, {{x, "x"}, {w, "w"}, {offsets, "offsets"}, {y, "y"}});
+  expect_float(x, {-1, -1}, op, "x");
+  expect_float(w, {-1, -1, x.size(1)}, op, "w");
+  check_same_dtype(w, x, op, "w", "x");
+  expect(offsets, {w.size(0) + 1}, DType::kI32, op, "offsets");
+  expect_float(y, {x.size(0), w.size(1)}, op, "y");
+  MT_DISPATCH(dev, grouped_matmul, ctx, x, w, offsets, y);
+}
+
+void grouped_matmul_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& offsets,
+                             const Tensor& dy, Tensor& dx, Tensor& dw) {
+  const char* op = "grouped_matmul_backward";
+  const Device dev = device_of(ctx, op, {{x, "x"}, {w, "w"}, {offsets, "offsets"}, {dy, "dy"}, {dx, "dx"},
+                                         {dw, "dw"}});
+  expect_float(x, {-1, -1}, op, "x");
+  expect_float(w, {-1, -1, x.size(1)}, op, "w");
+  check_same_dtype(w, x, op, "w", "x");
+  expect(offsets, {w.size(0) + 1}, DType::kI32, op, "offsets");
+  expect_float(dy, {x.size(0), w.size(1)}, op, "dy");
+  if (dx.defined()) expect_float(dx, x.shape(), op, "dx");
+  expect(dw, w.shape(), DType::kF32, op, "dw");
+  MT_DISPATCH(dev, grouped_matmul_backward, ctx, x, w, offsets, dy, dx, dw);
+}
+
+// ---- cross-entropy -------------------------------------------------------------------------
+namespace {
+void check_ce(const char* op, const Tensor& logits, const Tensor& labels, const Tensor& weights) {
+  expect_float(logits, {-1, -1}, op, "logits");
+  expect(labels, {logits.size(0)}, DType::kI32, op, "labels");
+  if (weights.defined()) expect(weights, {logits.size(0)}, DType::kF32, op, "weights");
+}
+}  // namespace
+
+void cross_entropy_forward(Context& ctx, const Tensor& logits, const Tensor& labels, const Tensor& weights,
+                           Tensor& losses, Tensor& lse) {
+  const char* op = "cross_entropy_forward";
+  const Device dev = device_of(ctx, op, {{logits, "logits"}, {labels, "labels"}, {weights, "weights"},
+                                         {losses, "losses"}, {lse, "lse"}});
+  check_ce(op, logits, labels, weights);
+  expect(losses, {logits.size(0)}, DType::kF32, op, "losses");
+  expect(lse, {logits.size(0)}, DType::kF32, op, "lse");
+  MT_DISPATCH(dev, cross_entropy_forward, ctx, logits, labels, weights, losses, lse);
+}
+
+void cross_entropy_backward(Context& ctx, const Tensor& logits, const Tensor& labels, const Tensor& weights,
+                            const Tensor& lse, float dloss_scale, Tensor& dlogits) {
+  const char* op = "cross_entropy_backward";
+  const Device dev = device_of(ctx, op, {{logits, "logits"}, {labels, "labels"}, {weights, "weights"},
+                                         {lse, "lse"}, {dlogits, "dlogits"}});
+  check_ce(op, logits, labels, weights);
+  expect(lse, {logits.size(0)}, DType::kF32, op, "lse");
+  expect_float(dlogits, logits.shape(), op, "dlogits");
+  MT_DISPATCH(dev, cross_entropy_backward, ctx, logits, labels, weights, lse, dloss_scale, dlogits);
+}
+
+double cross_entropy(Context& ctx, const Tensor& logits, const Tensor& labels, const Tensor& mask,
+                     Reduction reduction, Tensor* dlogits) {
+  const char* op = "cross_entropy";
+  static const Tensor kNone;
+  const Tensor& dl = dlogits ? *dlogits : kNone;
+  const Device dev = device_of(ctx, op, {{logits, "logits"}, {labels, "labels"}, {mask, "mask"},
+                                         {dl, "dlogits"}});
+  check_ce(op, logits, labels, Tensor());
+  if (mask.defined()) expect(mask, {logits.size(0)}, DType::kU8, op, "mask");
+  if (dl.defined()) expect_float(dl, logits.shape(), op, "dlogits");
+  MT_DISPATCH(dev, cross_entropy, ctx, logits, labels, mask, reduction, dlogits);
+}
+
+// ---- AdamW ---------------------------------------------------------------------------------
+void adamw_step(Context& ctx, Tensor& master, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p,
+                Tensor& compute) {
+  const char* op = "adamw_step";
+  const Device dev = device_of(ctx, op, {{master, "master"}, {grad, "grad"}, {m, "m"}, {v, "v"},
+                                         {compute, "compute"}});
+  check_dtype(master, DType::kF32, op, "master");
+  expect(grad, master.shape(), DType::kF32, op, "grad");
+  expect(m, master.shape(), DType::kF32, op, "m");
+  expect(v, master.shape(), DType::kF32, op, "v");
+  if (compute.defined()) {
+    MT_CHECK(compute.numel() == master.numel(), "[adamw_step] compute {} and master {} differ in element count",
+             compute.desc(), master.desc());
+    check_float(compute, op, "compute");
+  }
+  MT_CHECK(p.step >= 1, "[adamw_step] step = {} must be >= 1 (1-based, for bias correction)", p.step);
+  MT_CHECK(p.beta1 >= 0.0f && p.beta1 < 1.0f && p.beta2 >= 0.0f && p.beta2 < 1.0f,
+           "[adamw_step] betas ({}, {}) must be in [0, 1)", p.beta1, p.beta2);
+  MT_DISPATCH(dev, adamw_step, ctx, master, grad, m, v, p, compute);
+}
+
+}  // namespace moetrain::ops

@@ -23,8 +23,9 @@ void cast(Context& ctx, const Tensor& src, Tensor& dst);       // same numel, fl
 void add_(Context& ctx, Tensor& y, const Tensor& x, float alpha = 1.0f);  // y += alpha * x
 void scale_(Context& ctx, Tensor& y, float alpha);             // y *= alpha
 double sum_squares(Context& ctx, const Tensor& x);             // sum x^2 in fp64 (for norms)
-// Fills with normal(mean, std): element i uses Philox(stream.key, stream.counter, i), so the
-// values depend only on the stream and the index (identical on CPU and CUDA up to libm).
+// Fills with normal(mean, std): elements 2j and 2j+1 are the Box-Muller pair (cosine, sine
+// value) of philox4x32(stream.key, stream.counter, j) (see philox_normal2), so the values depend
+// only on the stream and the index (identical on CPU and CUDA up to libm).
 void fill_normal(Context& ctx, Tensor& t, float mean, float std, RngStream stream);
 
 // ---- embedding -----------------------------------------------------------------------------

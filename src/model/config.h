@@ -39,6 +39,8 @@ struct ModelConfig {
   // Sparse (MoE) layer rule of transformers' Qwen3-MoE: not in mlp_only_layers, and
   // (layer + 1) % decoder_sparse_step == 0.
   bool is_sparse_layer(int64_t layer) const;
+  // A depth proxy: the same model with `n` layers (mlp_only_layers entries >= n dropped).
+  ModelConfig with_num_layers(int64_t n) const;
 
   // Parameter counts (every tensor, embedding included; active = per token with top-k experts).
   int64_t num_parameters() const;
@@ -50,7 +52,8 @@ struct ModelConfig {
   // field, or an unsupported model_type / hidden_act / attention_bias.
   static ModelConfig from_json(const nlohmann::json& j, const std::string& source);
   static ModelConfig from_file(const std::string& config_json_path);
-  // Presets: "qwen3-30b-a3b", "qwen3-0.6b", "tiny-moe", "tiny-dense" (tests, demo).
+  // Presets: "qwen3-30b-a3b", "qwen3-0.6b", "demo-moe" (Qwen3 tokenizer vocab, tiny dims),
+  // "tiny-moe", "tiny-dense" (vocab 256, for tests). Token ids < 0 mean "none" (null in JSON).
   static ModelConfig preset(const std::string& name);
   static std::vector<std::string> preset_names();
   void validate(const std::string& source) const;

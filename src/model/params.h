@@ -58,6 +58,10 @@ struct ModelParams {
 
 // transformers' initializer: normal(0, initializer_range=0.02) for matrices and embeddings,
 // ones for norm weights. Deterministic for (seed, name).
+// Element i of a matrix named `name` is normal draw (i % 2) of Philox4x32(key, 0, i / 2) under
+// Box-Muller (core/philox.h), key = param_init_key(seed, name), times std; values are made in f32
+// and rounded to the tensor's dtype.
 void init_params_random(ModelParams& p, uint64_t seed, float std = 0.02f);
+uint64_t param_init_key(uint64_t seed, const std::string& name);
 
 }  // namespace moetrain

@@ -1,2 +1,0 @@
-// placeholder until the data layer lands
-namespace moetrain {}

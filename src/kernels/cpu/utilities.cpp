@@ -1,0 +1,114 @@
+// CPU utilities: dtype cast, y += alpha*x, y *= alpha, sum of squares (fp64, fixed-size blocks
+// summed in block order so the result does not depend on the thread count), and Philox normal
+// fill (Box-Muller pairs addressed by element index; see cpu_ops.h).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/philox.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/parallel.h"
+
+namespace moetrain::cpu {
+
+namespace {
+constexpr int64_t kElemGrain = 1 << 15;        // elementwise work per thread at least
+constexpr int64_t kSumBlock = 1 << 14;         // sum_squares partial-sum block (fixed)
+}  // namespace
+
+void require_f32(const Tensor& t, const char* op, const char* name) {
+  MT_CHECK(t.dtype() == DType::kF32, "[{}] {} is {}; the CPU backend computes in f32 only", op, name,
+           dtype_name(t.dtype()));
+}
+
+void require_f32(const char* op, std::initializer_list<Named> tensors) {
+  for (const Named& n : tensors) require_f32(n.t, op, n.name);
+}
+
+void cast(Context& ctx, const Tensor& src, Tensor& dst) {
+  const int64_t n = src.numel();
+  const DType sd = src.dtype(), dd = dst.dtype();
+  const void* s = src.data_ptr();
+  void* d = dst.data_ptr();
+  parallel_for(ctx, n, kElemGrain, [&](int64_t b, int64_t e) {
+    if (sd == DType::kF32 && dd == DType::kBF16) {
+      const float* sp = static_cast<const float*>(s);
+      uint16_t* dp = static_cast<uint16_t*>(d);
+      for (int64_t i = b; i < e; ++i) dp[i] = float_to_bf16(sp[i]);
+    } else if (sd == DType::kBF16 && dd == DType::kF32) {
+      const uint16_t* sp = static_cast<const uint16_t*>(s);
+      float* dp = static_cast<float*>(d);
+      for (int64_t i = b; i < e; ++i) dp[i] = bf16_to_float(sp[i]);
+    } else if (sd == dd) {
+      const size_t es = dtype_size(sd);
+      std::memcpy(static_cast<char*>(d) + b * es, static_cast<const char*>(s) + b * es, (e - b) * es);
+    } else {
+      // Other float pairs go through double (exact for every narrower float format).
+      for (int64_t i = b; i < e; ++i) store_from_double(d, dd, i, load_as_double(s, sd, i));
+    }
+  });
+}
+
+void add_(Context& ctx, Tensor& y, const Tensor& x, float alpha) {
+  require_f32(y, "add_", "y");
+  require_f32(x, "add_", "x");
+  float* yp = y.data<float>();
+  const float* xp = x.data<float>();
+  parallel_for(ctx, y.numel(), kElemGrain, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) yp[i] += alpha * xp[i];
+  });
+}
+
+void scale_(Context& ctx, Tensor& y, float alpha) {
+  require_f32(y, "scale_", "y");
+  float* yp = y.data<float>();
+  parallel_for(ctx, y.numel(), kElemGrain, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) yp[i] *= alpha;
+  });
+}
+
+double sum_squares(Context& ctx, const Tensor& x) {
+  require_f32(x, "sum_squares", "x");
+  const float* xp = x.data<float>();
+  const int64_t n = x.numel();
+  const int64_t blocks = (n + kSumBlock - 1) / kSumBlock;
+  std::vector<double> partial(static_cast<size_t>(blocks), 0.0);
+  parallel_for(ctx, blocks, 4, [&](int64_t b, int64_t e) {
+    for (int64_t blk = b; blk < e; ++blk) {
+      double s = 0.0;
+      const int64_t end = std::min(n, (blk + 1) * kSumBlock);
+      for (int64_t i = blk * kSumBlock; i < end; ++i) s += static_cast<double>(xp[i]) * xp[i];
+      partial[blk] = s;
+    }
+  });
+  double total = 0.0;
+  for (double p : partial) total += p;
+  return total;
+}
+
+void fill_normal(Context& ctx, Tensor& t, float mean, float std, RngStream stream) {
+  const int64_t n = t.numel();
+  const DType dt = t.dtype();
+  void* base = t.data_ptr();
+  // Work in pairs so each Philox call is made once; chunk boundaries are pair-aligned.
+  const int64_t pairs = (n + 1) / 2;
+  parallel_for(ctx, pairs, kElemGrain / 2, [&](int64_t b, int64_t e) {
+    for (int64_t j = b; j < e; ++j) {
+      float z0, z1;
+      philox_normal2(philox4x32(stream.key, stream.counter, static_cast<uint64_t>(j)), &z0, &z1);
+      const float v0 = mean + std * z0, v1 = mean + std * z1;
+      const int64_t i = 2 * j;
+      if (dt == DType::kF32) {
+        float* p = static_cast<float*>(base);
+        p[i] = v0;
+        if (i + 1 < n) p[i + 1] = v1;
+      } else {
+        store_from_double(base, dt, i, v0);
+        if (i + 1 < n) store_from_double(base, dt, i + 1, v1);
+      }
+    }
+  });
+}
+
+}  // namespace moetrain::cpu

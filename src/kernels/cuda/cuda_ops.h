@@ -1,0 +1,98 @@
+// cuda_ops.h: the CUDA backend, one function per op in kernels/ops.h with the same name and
+// parameters. ops.cpp checks shapes/dtypes and dispatches CUDA tensors here. Activations and
+// weights are bf16 (f32 also accepted), accumulation is fp32. No CUDA headers here on purpose.
+// All ops run on ctx.stream() and do not synchronize with the host unless they return a value.
+#pragma once
+#include <cstdint>
+
+#include "core/context.h"
+#include "core/tensor.h"
+#include "kernels/ops.h"
+
+namespace moetrain::cuda {
+
+using ops::AdamWParams;
+using ops::Reduction;
+using ops::Trans;
+
+// ---- utilities -----------------------------------------------------------------------------
+void cast(Context& ctx, const Tensor& src, Tensor& dst);
+void add_(Context& ctx, Tensor& y, const Tensor& x, float alpha = 1.0f);
+void scale_(Context& ctx, Tensor& y, float alpha);
+double sum_squares(Context& ctx, const Tensor& x);  // synchronizes (returns a host value)
+void fill_normal(Context& ctx, Tensor& t, float mean, float std, RngStream stream);
+
+// ---- embedding -----------------------------------------------------------------------------
+void embedding_forward(Context& ctx, const Tensor& table, const Tensor& ids, Tensor& out);
+void embedding_backward(Context& ctx, const Tensor& ids, const Tensor& dout, Tensor& dtable);
+
+// ---- RMSNorm -------------------------------------------------------------------------------
+void rmsnorm_forward(Context& ctx, const Tensor& x, const Tensor& w, float eps, Tensor& y,
+                     Tensor& rstd);
+void rmsnorm_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                      const Tensor& dy, Tensor& dx, Tensor& dw);
+
+// ---- GEMM ----------------------------------------------------------------------------------
+void matmul(Context& ctx, const Tensor& a, Trans ta, const Tensor& b, Trans tb, Tensor& c,
+            float alpha = 1.0f, float beta = 0.0f);
+
+// ---- RoPE ----------------------------------------------------------------------------------
+void rope_forward(Context& ctx, const Tensor& x, const Tensor& pos, float theta, Tensor& y);
+void rope_backward(Context& ctx, const Tensor& dy, const Tensor& pos, float theta, Tensor& dx);
+
+// ---- attention -----------------------------------------------------------------------------
+void attention_forward(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const Tensor& cu_seqlens, int max_seqlen, float scale, Tensor& out,
+                       Tensor& lse);
+void attention_backward(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& out, const Tensor& lse, const Tensor& dout,
+                        const Tensor& cu_seqlens, int max_seqlen, float scale, Tensor& dq,
+                        Tensor& dk, Tensor& dv);
+
+// ---- SwiGLU --------------------------------------------------------------------------------
+void swiglu_forward(Context& ctx, const Tensor& gu, Tensor& h);
+void swiglu_backward(Context& ctx, const Tensor& gu, const Tensor& dh, Tensor& dgu);
+
+// ---- MoE router ----------------------------------------------------------------------------
+void router_topk(Context& ctx, const Tensor& logits, int k, bool normalize, Tensor& probs,
+                 Tensor& topk_idx, Tensor& topk_w);
+void router_topk_backward(Context& ctx, const Tensor& probs, const Tensor& topk_idx,
+                          const Tensor& topk_w, const Tensor& dtopk_w, const Tensor& dprobs_extra,
+                          bool normalize, Tensor& dlogits);
+void router_stats(Context& ctx, const Tensor& probs, const Tensor& topk_idx, Tensor& counts,
+                  Tensor& prob_sum);
+double aux_loss_value(const Tensor& counts, const Tensor& prob_sum, int64_t rows);  // copies to host
+void aux_loss_backward(Context& ctx, const Tensor& counts, int64_t rows, float coef, Tensor& dprobs);
+double router_zloss_forward(Context& ctx, const Tensor& logits, Tensor& lse);  // synchronizes
+void router_zloss_backward(Context& ctx, const Tensor& logits, const Tensor& lse, float scale,
+                           Tensor& dlogits);
+
+// ---- token permutation ---------------------------------------------------------------------
+void moe_route_index(Context& ctx, const Tensor& topk_idx, int num_experts, Tensor& counts,
+                     Tensor& offsets, Tensor& row_of, Tensor& token_of);
+void moe_permute(Context& ctx, const Tensor& x, const Tensor& token_of, Tensor& xp);
+void moe_permute_backward(Context& ctx, const Tensor& dxp, const Tensor& row_of, Tensor& dx);
+void moe_unpermute(Context& ctx, const Tensor& yp, const Tensor& row_of, const Tensor& topk_w,
+                   Tensor& y);
+void moe_unpermute_backward(Context& ctx, const Tensor& dy, const Tensor& yp, const Tensor& row_of,
+                            const Tensor& topk_w, Tensor& dyp, Tensor& dtopk_w);
+
+// ---- grouped expert GEMM (offsets read on the device; no host sync) ------------------------
+void grouped_matmul(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& offsets, Tensor& y);
+void grouped_matmul_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& offsets,
+                             const Tensor& dy, Tensor& dx, Tensor& dw);
+
+// ---- cross-entropy -------------------------------------------------------------------------
+void cross_entropy_forward(Context& ctx, const Tensor& logits, const Tensor& labels,
+                           const Tensor& weights, Tensor& losses, Tensor& lse);
+void cross_entropy_backward(Context& ctx, const Tensor& logits, const Tensor& labels,
+                            const Tensor& weights, const Tensor& lse, float dloss_scale,
+                            Tensor& dlogits);
+double cross_entropy(Context& ctx, const Tensor& logits, const Tensor& labels, const Tensor& mask,
+                     Reduction reduction, Tensor* dlogits);  // synchronizes
+
+// ---- AdamW ---------------------------------------------------------------------------------
+void adamw_step(Context& ctx, Tensor& master, const Tensor& grad, Tensor& m, Tensor& v,
+                const AdamWParams& p, Tensor& compute);
+
+}  // namespace moetrain::cuda

@@ -1,0 +1,284 @@
+// Elementwise CUDA ops: cast, add_, scale_, sum_squares (fp64, deterministic two-pass reduction),
+// fill_normal (the CPU's Philox/Box-Muller mapping: element 2j / 2j+1 take the cosine / sine of
+// pair j), SwiGLU forward/backward and the AdamW step (fp32 master and states).
+#include <cmath>
+
+#include "core/philox.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+
+namespace moetrain::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+template <typename S, typename D>
+__global__ void cast_kernel(const S* __restrict__ s, D* __restrict__ d, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    d[i] = from_f<D>(to_f(s[i]));
+}
+
+template <typename Y, typename X>
+__global__ void add_kernel(Y* __restrict__ y, const X* __restrict__ x, float alpha, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    y[i] = from_f<Y>(to_f(y[i]) + alpha * to_f(x[i]));
+}
+
+template <typename Y>
+__global__ void scale_kernel(Y* __restrict__ y, float alpha, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    y[i] = from_f<Y>(to_f(y[i]) * alpha);
+}
+
+// Pass 1: each block sums squares of a grid-stride subset in fp64; pass 2 adds the partials in
+// block order. The grid size depends only on n, so the result is reproducible run to run.
+template <typename X>
+__global__ void sum_squares_partial(const X* __restrict__ x, int64_t n, double* __restrict__ partial) {
+  __shared__ double scratch[32];
+  double s = 0.0;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    double v = to_f(x[i]);
+    s += v * v;
+  }
+  s = block_sum(s, scratch);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+template <typename X>
+__global__ void sum_partial(const X* __restrict__ x, int64_t n, double* __restrict__ partial) {
+  __shared__ double scratch[32];
+  double s = 0.0;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    s += to_f(x[i]);
+  s = block_sum(s, scratch);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+__global__ void sum_partials(const double* __restrict__ partial, int n, double* __restrict__ out) {
+  __shared__ double scratch[32];
+  double s = 0.0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) s += partial[i];
+  s = block_sum(s, scratch);
+  if (threadIdx.x == 0) *out = s;
+}
+
+template <typename T>
+__global__ void fill_normal_kernel(T* __restrict__ t, int64_t n, float mean, float std, uint64_t key,
+                                   uint64_t counter) {
+  const int64_t pairs = (n + 1) / 2;
+  for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < pairs; j += (int64_t)gridDim.x * blockDim.x) {
+    float z0, z1;
+    philox_normal2(philox4x32(key, counter, static_cast<uint64_t>(j)), &z0, &z1);
+    t[2 * j] = from_f<T>(mean + std * z0);
+    if (2 * j + 1 < n) t[2 * j + 1] = from_f<T>(mean + std * z1);
+  }
+}
+
+template <typename T>
+__global__ void swiglu_fwd_kernel(const T* __restrict__ gu, T* __restrict__ h, int64_t rows, int64_t inter) {
+  const int64_t n = rows * inter;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t r = i / inter, c = i - r * inter;
+    const float g = to_f(gu[r * 2 * inter + c]), u = to_f(gu[r * 2 * inter + inter + c]);
+    const float sg = 1.0f / (1.0f + expf(-g));
+    h[i] = from_f<T>(g * sg * u);
+  }
+}
+
+template <typename T, typename DH>
+__global__ void swiglu_bwd_kernel(const T* __restrict__ gu, const DH* __restrict__ dh, T* __restrict__ dgu,
+                                  int64_t rows, int64_t inter) {
+  const int64_t n = rows * inter;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t r = i / inter, c = i - r * inter;
+    const float g = to_f(gu[r * 2 * inter + c]), u = to_f(gu[r * 2 * inter + inter + c]);
+    const float d = to_f(dh[i]);
+    const float sg = 1.0f / (1.0f + expf(-g));
+    // d silu(g)/dg = sg * (1 + g * (1 - sg))
+    dgu[r * 2 * inter + c] = from_f<T>(d * u * sg * (1.0f + g * (1.0f - sg)));
+    dgu[r * 2 * inter + inter + c] = from_f<T>(d * g * sg);
+  }
+}
+
+template <typename C>
+__global__ void adamw_kernel(float* __restrict__ w, const float* __restrict__ g, float* __restrict__ m,
+                             float* __restrict__ v, C* __restrict__ compute, int64_t n, float lr, float b1,
+                             float b2, float eps, float wd, float bc1, float bc2, float gscale) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    const float gi = g[i] * gscale;
+    const float mi = b1 * m[i] + (1.0f - b1) * gi;
+    const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    const float mh = mi / bc1, vh = vi / bc2;
+    const float wi = w[i];
+    const float nw = wi - lr * (mh / (sqrtf(vh) + eps) + wd * wi);
+    w[i] = nw;
+    if (compute) compute[i] = from_f<C>(nw);
+  }
+}
+
+}  // namespace
+
+template <typename X>
+double reduce_to_host(Context& ctx, const X* x, int64_t n, bool square) {
+  if (n <= 0) return 0.0;
+  const unsigned blocks = grid_for(n, kThreads, 1024);
+  Tensor tmp = device_scratch(ctx, static_cast<int64_t>(blocks + 1) * 8);
+  double* partial = static_cast<double*>(tmp.data_ptr());
+  if (square) {
+    sum_squares_partial<<<blocks, kThreads, 0, stream_of(ctx)>>>(x, n, partial);
+  } else {
+    sum_partial<<<blocks, kThreads, 0, stream_of(ctx)>>>(x, n, partial);
+  }
+  sum_partials<<<1, 1024, 0, stream_of(ctx)>>>(partial, blocks, partial + blocks);
+  check_launch("reduce_to_host");
+  double out = 0.0;
+  MT_CUDA_CHECK(cudaMemcpyAsync(&out, partial + blocks, 8, cudaMemcpyDeviceToHost, stream_of(ctx)));
+  MT_CUDA_CHECK(cudaStreamSynchronize(stream_of(ctx)));
+  return out;
+}
+template double reduce_to_host<float>(Context&, const float*, int64_t, bool);
+template double reduce_to_host<__nv_bfloat16>(Context&, const __nv_bfloat16*, int64_t, bool);
+
+void cast(Context& ctx, const Tensor& src, Tensor& dst) {
+  need_cuda(src, "cast", "src");
+  need_cuda(dst, "cast", "dst");
+  need_numel(dst, src.numel(), "cast", "dst");
+  const int64_t n = src.numel();
+  if (!n) return;
+  if (src.dtype() == dst.dtype()) {
+    MT_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), src.nbytes(), cudaMemcpyDeviceToDevice,
+                                  stream_of(ctx)));
+    return;
+  }
+  auto launch = [&](auto* s) {
+    using S = std::remove_pointer_t<decltype(s)>;
+    switch (dst.dtype()) {
+      case DType::kF32: cast_kernel<<<grid_for(n), kThreads, 0, stream_of(ctx)>>>(s, dst.data<float>(), n); break;
+      case DType::kBF16:
+        cast_kernel<<<grid_for(n), kThreads, 0, stream_of(ctx)>>>(s, static_cast<__nv_bfloat16*>(dst.data_ptr()), n);
+        break;
+      case DType::kF16:
+        cast_kernel<<<grid_for(n), kThreads, 0, stream_of(ctx)>>>(s, static_cast<__half*>(dst.data_ptr()), n);
+        break;
+      default: MT_FAIL("[cast] destination dtype {} is not supported on CUDA", dtype_name(dst.dtype()));
+    }
+  };
+  switch (src.dtype()) {
+    case DType::kF32: launch(static_cast<const float*>(src.data_ptr())); break;
+    case DType::kBF16: launch(static_cast<const __nv_bfloat16*>(src.data_ptr())); break;
+    case DType::kF16: launch(static_cast<const __half*>(src.data_ptr())); break;
+    default: MT_FAIL("[cast] source dtype {} is not supported on CUDA", dtype_name(src.dtype()));
+  }
+  check_launch("cast");
+}
+
+void add_(Context& ctx, Tensor& y, const Tensor& x, float alpha) {
+  need_cuda(y, "add_", "y");
+  need_cuda(x, "add_", "x");
+  need_numel(x, y.numel(), "add_", "x");
+  const int64_t n = y.numel();
+  if (!n) return;
+  MT_CUDA_DISPATCH(y.dtype(), Y, "add_",
+    MT_CUDA_DISPATCH(x.dtype(), X, "add_",
+      add_kernel<<<grid_for(n), kThreads, 0, stream_of(ctx)>>>(static_cast<Y*>(y.data_ptr()),
+                                                               static_cast<const X*>(x.data_ptr()), alpha, n)));
+  check_launch("add_");
+}
+
+void scale_(Context& ctx, Tensor& y, float alpha) {
+  need_cuda(y, "scale_", "y");
+  const int64_t n = y.numel();
+  if (!n) return;
+  MT_CUDA_DISPATCH(y.dtype(), Y, "scale_",
+    scale_kernel<<<grid_for(n), kThreads, 0, stream_of(ctx)>>>(static_cast<Y*>(y.data_ptr()), alpha, n));
+  check_launch("scale_");
+}
+
+double sum_squares(Context& ctx, const Tensor& x) {
+  need_cuda(x, "sum_squares", "x");
+  const int64_t n = x.numel();
+  if (!n) return 0.0;
+  MT_CUDA_DISPATCH(x.dtype(), X, "sum_squares",
+    return reduce_to_host(ctx, static_cast<const X*>(x.data_ptr()), n, true));
+  return 0.0;
+}
+
+void fill_normal(Context& ctx, Tensor& t, float mean, float std, RngStream stream) {
+  need_cuda(t, "fill_normal", "t");
+  const int64_t n = t.numel();
+  if (!n) return;
+  MT_CUDA_DISPATCH(t.dtype(), T, "fill_normal",
+    fill_normal_kernel<<<grid_for((n + 1) / 2), kThreads, 0, stream_of(ctx)>>>(
+        static_cast<T*>(t.data_ptr()), n, mean, std, stream.key, stream.counter));
+  check_launch("fill_normal");
+}
+
+void swiglu_forward(Context& ctx, const Tensor& gu, Tensor& h) {
+  need_cuda(gu, "swiglu_forward", "gu");
+  need_cuda(h, "swiglu_forward", "h");
+  need_dtype(h, gu.dtype(), "swiglu_forward", "h");
+  const int64_t inter = h.size(-1), rows = inter ? h.numel() / inter : 0;
+  need_numel(gu, rows * 2 * inter, "swiglu_forward", "gu");
+  if (!rows || !inter) return;
+  MT_CUDA_DISPATCH(gu.dtype(), T, "swiglu_forward",
+    swiglu_fwd_kernel<<<grid_for(rows * inter), kThreads, 0, stream_of(ctx)>>>(
+        static_cast<const T*>(gu.data_ptr()), static_cast<T*>(h.data_ptr()), rows, inter));
+  check_launch("swiglu_forward");
+}
+
+void swiglu_backward(Context& ctx, const Tensor& gu, const Tensor& dh, Tensor& dgu) {
+  need_cuda(gu, "swiglu_backward", "gu");
+  need_cuda(dh, "swiglu_backward", "dh");
+  need_cuda(dgu, "swiglu_backward", "dgu");
+  need_dtype(dgu, gu.dtype(), "swiglu_backward", "dgu");
+  const int64_t inter = dh.size(-1), rows = inter ? dh.numel() / inter : 0;
+  need_numel(gu, rows * 2 * inter, "swiglu_backward", "gu");
+  need_numel(dgu, rows * 2 * inter, "swiglu_backward", "dgu");
+  if (!rows || !inter) return;
+  MT_CUDA_DISPATCH(gu.dtype(), T, "swiglu_backward",
+    MT_CUDA_DISPATCH(dh.dtype(), DH, "swiglu_backward",
+      swiglu_bwd_kernel<<<grid_for(rows * inter), kThreads, 0, stream_of(ctx)>>>(
+          static_cast<const T*>(gu.data_ptr()), static_cast<const DH*>(dh.data_ptr()),
+          static_cast<T*>(dgu.data_ptr()), rows, inter)));
+  check_launch("swiglu_backward");
+}
+
+void adamw_step(Context& ctx, Tensor& master, const Tensor& grad, Tensor& m, Tensor& v,
+                const AdamWParams& p, Tensor& compute) {
+  const char* op = "adamw_step";
+  need_cuda(master, op, "master");
+  need_cuda(grad, op, "grad");
+  need_cuda(m, op, "m");
+  need_cuda(v, op, "v");
+  need_dtype(master, DType::kF32, op, "master");
+  need_dtype(grad, DType::kF32, op, "grad");
+  need_dtype(m, DType::kF32, op, "m");
+  need_dtype(v, DType::kF32, op, "v");
+  const int64_t n = master.numel();
+  need_numel(grad, n, op, "grad");
+  need_numel(m, n, op, "m");
+  need_numel(v, n, op, "v");
+  MT_CHECK(p.step >= 1, "[adamw_step] step is {}, expected >= 1 (1-based for bias correction)", p.step);
+  if (!n) return;
+  // Bias corrections in double, then rounded once (matches the CPU's fp32 update inputs).
+  const float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta1), static_cast<double>(p.step)));
+  const float bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta2), static_cast<double>(p.step)));
+  auto launch = [&](auto* c) {
+    adamw_kernel<<<grid_for(n), kThreads, 0, stream_of(ctx)>>>(
+        master.data<float>(), grad.data<float>(), m.data<float>(), v.data<float>(), c, n, p.lr, p.beta1,
+        p.beta2, p.eps, p.weight_decay, bc1, bc2, p.grad_scale);
+  };
+  if (!compute.defined()) {
+    launch(static_cast<float*>(nullptr));
+  } else {
+    need_cuda(compute, op, "compute");
+    need_numel(compute, n, op, "compute");
+    MT_CUDA_DISPATCH(compute.dtype(), C, op, launch(static_cast<C*>(compute.data_ptr())));
+  }
+  check_launch(op);
+}
+
+}  // namespace moetrain::cuda

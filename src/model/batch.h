@@ -1,0 +1,42 @@
+// Batch: one packed micro-batch as the model consumes it: a flat token stream with document
+// boundaries (cu_seqlens), positions restarting at 0 in each document, already-shifted labels
+// (label[t] = the token at t+1 of the same document, -100 = no loss) and per-token loss weights
+// (the trainer puts mask / N_global_trained_tokens there, so the CE of a micro-batch is
+// sum_t w_t * CE_t and micro-batches add up to the global mean).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace moetrain {
+
+constexpr int32_t kIgnoreLabel = -100;
+
+struct Batch {
+  Tensor tokens;        // [T] i32
+  Tensor positions;     // [T] i32, restart at 0 in each document
+  Tensor cu_seqlens;    // [docs+1] i32, first 0, last T
+  int max_seqlen = 0;   // longest document
+  Tensor labels;        // [T] i32, kIgnoreLabel where no loss
+  Tensor loss_weights;  // [T] f32
+
+  int64_t num_tokens() const { return tokens.defined() ? tokens.numel() : 0; }
+  int64_t num_docs() const { return cu_seqlens.defined() ? cu_seqlens.numel() - 1 : 0; }
+
+  // Packs documents back to back. Labels are shifted inside each document (the last token of a
+  // document gets none); loss_mask (optional, one vector per document, same lengths) zeroes the
+  // label of position t when loss_mask[t+1] == 0 (the predicted token is not trained). Weights are
+  // 1 / (number of labelled tokens), i.e. the mean over this batch, unless `weight_scale` > 0,
+  // in which case each labelled token gets weight_scale (e.g. 1 / N_global).
+  static Batch from_documents(const std::vector<std::vector<int32_t>>& docs, Device device = Device::cpu(),
+                              const std::vector<std::vector<uint8_t>>* loss_mask = nullptr,
+                              float weight_scale = 0.0f);
+  // Number of labels != kIgnoreLabel (host read).
+  int64_t num_labelled() const;
+  // Checks shapes, dtypes and (host read) that cu_seqlens/positions describe the documents.
+  void validate(int64_t vocab_size) const;
+  Batch to(Device device) const;
+};
+
+}  // namespace moetrain

@@ -1,0 +1,263 @@
+// Decoder layer forward/backward over ops.h (SPEC.md section 2). Activations take the weights'
+// dtype (f32 on the CPU reference path, bf16 on CUDA); router logits, probabilities, norms'
+// rstd and every parameter gradient are f32. Backward mirrors forward op by op:
+//   attention: RMSNorm -> q/k/v proj -> per-head RMSNorm (q, k) -> RoPE -> attention -> o_proj
+//   dense FFN: RMSNorm -> gate|up proj -> SwiGLU -> down proj
+//   MoE FFN:   RMSNorm -> router -> top-k -> route index -> permute -> grouped gate|up ->
+//              SwiGLU -> grouped down -> weighted unpermute
+#include "model/decoder_layer.h"
+
+#include <cmath>
+
+#include "kernels/ops.h"
+
+namespace moetrain {
+
+using ops::Trans;
+
+Tensor act_empty(const Shape& shape, DType dtype, Device dev) {
+  return Tensor::empty(shape, dtype, dev, MemCategory::kActivations);
+}
+Tensor work_empty(const Shape& shape, DType dtype, Device dev) {
+  return Tensor::empty(shape, dtype, dev, MemCategory::kWorkspace);
+}
+
+namespace {
+
+// x [R, K] times W^T for W [N, K]: y [R, N].
+Tensor linear(Context& ctx, const Tensor& x, const Tensor& w, DType dt, Device dev, bool saved = true) {
+  Tensor y = saved ? act_empty({x.size(0), w.size(0)}, dt, dev) : work_empty({x.size(0), w.size(0)}, dt, dev);
+  ops::matmul(ctx, x, Trans::kNo, w, Trans::kYes, y);
+  return y;
+}
+
+// Router logits must be f32 for router_topk; the matmul runs in the activation dtype.
+Tensor to_f32(Context& ctx, const Tensor& t) {
+  if (t.dtype() == DType::kF32) return t;
+  Tensor f = act_empty(t.shape(), DType::kF32, t.device());
+  ops::cast(ctx, t, f);
+  return f;
+}
+Tensor to_dtype(Context& ctx, const Tensor& t, DType dt) {
+  if (t.dtype() == dt) return t;
+  Tensor f = work_empty(t.shape(), dt, t.device());
+  ops::cast(ctx, t, f);
+  return f;
+}
+
+void attention_forward_part(Context& ctx, const ModelConfig& cfg, const LayerParams& w, const Batch& batch,
+                            const Tensor& x, LayerActs& s) {
+  const int64_t T = x.size(0), H = cfg.hidden_size, d = cfg.head_dim;
+  const int64_t nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
+  const DType dt = x.dtype();
+  const Device dev = x.device();
+  const float eps = static_cast<float>(cfg.rms_norm_eps);
+  const float theta = static_cast<float>(cfg.rope_theta);
+
+  s.x = x;
+  s.a = act_empty({T, H}, dt, dev);
+  s.rstd_in = act_empty({T}, DType::kF32, dev);
+  ops::rmsnorm_forward(ctx, x, w.input_norm, eps, s.a, s.rstd_in);
+
+  s.q_raw = linear(ctx, s.a, w.q_proj, dt, dev).view({T, nh, d});
+  s.k_raw = linear(ctx, s.a, w.k_proj, dt, dev).view({T, nkv, d});
+  s.v = linear(ctx, s.a, w.v_proj, dt, dev).view({T, nkv, d});
+
+  // Per-head RMSNorm over d, then RoPE (the order transformers' Qwen3 uses).
+  Tensor qn = work_empty({T * nh, d}, dt, dev), kn = work_empty({T * nkv, d}, dt, dev);
+  s.q_rstd = act_empty({T * nh}, DType::kF32, dev);
+  s.k_rstd = act_empty({T * nkv}, DType::kF32, dev);
+  ops::rmsnorm_forward(ctx, s.q_raw.view({T * nh, d}), w.q_norm, eps, qn, s.q_rstd);
+  ops::rmsnorm_forward(ctx, s.k_raw.view({T * nkv, d}), w.k_norm, eps, kn, s.k_rstd);
+  s.q = act_empty({T, nh, d}, dt, dev);
+  s.k = act_empty({T, nkv, d}, dt, dev);
+  ops::rope_forward(ctx, qn.view({T, nh, d}), batch.positions, theta, s.q);
+  ops::rope_forward(ctx, kn.view({T, nkv, d}), batch.positions, theta, s.k);
+
+  s.attn = act_empty({T, nh, d}, dt, dev);
+  s.lse = act_empty({nh, T}, DType::kF32, dev);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  ops::attention_forward(ctx, s.q, s.k, s.v, batch.cu_seqlens, batch.max_seqlen, scale, s.attn, s.lse);
+
+  // h = x + attn Wo^T
+  s.h = act_empty({T, H}, dt, dev);
+  s.h.copy_from(x);
+  ops::matmul(ctx, s.attn.view({T, nh * d}), Trans::kNo, w.o_proj, Trans::kYes, s.h, 1.0f, 1.0f);
+}
+
+// Dense SwiGLU MLP on b [T,H]; returns y [T,H].
+Tensor dense_ffn_forward(Context& ctx, const LayerParams& w, LayerActs& s) {
+  const int64_t T = s.b.size(0), I = w.mlp_down.size(1);
+  const DType dt = s.b.dtype();
+  const Device dev = s.b.device();
+  s.gu = linear(ctx, s.b, w.mlp_gate_up, dt, dev);
+  s.act = act_empty({T, I}, dt, dev);
+  ops::swiglu_forward(ctx, s.gu, s.act);
+  return linear(ctx, s.act, w.mlp_down, dt, dev, /*saved=*/false);
+}
+
+Tensor moe_ffn_forward(Context& ctx, const ModelConfig& cfg, const LayerParams& w, const LayerSettings& set,
+                       LayerActs& s) {
+  const int64_t T = s.b.size(0), H = cfg.hidden_size, E = cfg.num_experts;
+  const int64_t k = cfg.num_experts_per_tok, I = cfg.moe_intermediate_size;
+  const DType dt = s.b.dtype();
+  const Device dev = s.b.device();
+  s.router_logits = to_f32(ctx, linear(ctx, s.b, w.router, dt, dev));
+  s.probs = act_empty({T, E}, DType::kF32, dev);
+  s.topk_idx = act_empty({T, k}, DType::kI32, dev);
+  s.topk_w = act_empty({T, k}, DType::kF32, dev);
+  ops::router_topk(ctx, s.router_logits, static_cast<int>(k), cfg.norm_topk_prob, s.probs, s.topk_idx, s.topk_w);
+  if (set.z_loss) {
+    s.z_lse = act_empty({T}, DType::kF32, dev);
+    ops::router_zloss_forward(ctx, s.router_logits, s.z_lse);
+  }
+  s.counts = act_empty({E}, DType::kI32, dev);
+  s.offsets = act_empty({E + 1}, DType::kI32, dev);
+  s.row_of = act_empty({T * k}, DType::kI32, dev);
+  s.token_of = act_empty({T * k}, DType::kI32, dev);
+  ops::moe_route_index(ctx, s.topk_idx, static_cast<int>(E), s.counts, s.offsets, s.row_of, s.token_of);
+  s.xp = act_empty({T * k, H}, dt, dev);
+  ops::moe_permute(ctx, s.b, s.token_of, s.xp);
+  s.gu = act_empty({T * k, 2 * I}, dt, dev);
+  ops::grouped_matmul(ctx, s.xp, w.experts_gate_up, s.offsets, s.gu);
+  s.act = act_empty({T * k, I}, dt, dev);
+  ops::swiglu_forward(ctx, s.gu, s.act);
+  s.yp = act_empty({T * k, H}, dt, dev);
+  ops::grouped_matmul(ctx, s.act, w.experts_down, s.offsets, s.yp);
+  Tensor y = work_empty({T, H}, dt, dev);
+  ops::moe_unpermute(ctx, s.yp, s.row_of, s.topk_w, y);
+  return y;
+}
+
+// d(loss)/d(b) of the dense FFN into db (overwritten); accumulates parameter gradients.
+void dense_ffn_backward(Context& ctx, const LayerParams& w, LayerParams& g, const LayerActs& s, const Tensor& dy,
+                        Tensor& db) {
+  const int64_t T = s.b.size(0), I = w.mlp_down.size(1);
+  const DType dt = s.b.dtype();
+  const Device dev = s.b.device();
+  Tensor dact = work_empty({T, I}, dt, dev);
+  ops::matmul(ctx, dy, Trans::kNo, w.mlp_down, Trans::kNo, dact);                     // [T,H] x [H,I]
+  ops::matmul(ctx, dy, Trans::kYes, s.act, Trans::kNo, g.mlp_down, 1.0f, 1.0f);       // [H,T] x [T,I]
+  Tensor dgu = work_empty({T, 2 * I}, dt, dev);
+  ops::swiglu_backward(ctx, s.gu, dact, dgu);
+  ops::matmul(ctx, dgu, Trans::kNo, w.mlp_gate_up, Trans::kNo, db);                   // [T,2I] x [2I,H]
+  ops::matmul(ctx, dgu, Trans::kYes, s.b, Trans::kNo, g.mlp_gate_up, 1.0f, 1.0f);     // [2I,T] x [T,H]
+}
+
+void moe_ffn_backward(Context& ctx, const ModelConfig& cfg, const LayerParams& w, LayerParams& g,
+                      const LayerActs& s, const RouterLossGrad& rg, const Tensor& dy, Tensor& db) {
+  const int64_t T = s.b.size(0), H = cfg.hidden_size, E = cfg.num_experts;
+  const int64_t k = cfg.num_experts_per_tok, I = cfg.moe_intermediate_size;
+  const DType dt = s.b.dtype();
+  const Device dev = s.b.device();
+  Tensor dyp = work_empty({T * k, H}, dt, dev);
+  Tensor dtopk_w = work_empty({T, k}, DType::kF32, dev);
+  ops::moe_unpermute_backward(ctx, dy, s.yp, s.row_of, s.topk_w, dyp, dtopk_w);
+  Tensor dact = work_empty({T * k, I}, dt, dev);
+  ops::grouped_matmul_backward(ctx, s.act, w.experts_down, s.offsets, dyp, dact, g.experts_down);
+  dyp = Tensor();
+  Tensor dgu = work_empty({T * k, 2 * I}, dt, dev);
+  ops::swiglu_backward(ctx, s.gu, dact, dgu);
+  dact = Tensor();
+  Tensor dxp = work_empty({T * k, H}, dt, dev);
+  ops::grouped_matmul_backward(ctx, s.xp, w.experts_gate_up, s.offsets, dgu, dxp, g.experts_gate_up);
+  dgu = Tensor();
+  ops::moe_permute_backward(ctx, dxp, s.row_of, db);
+
+  // Router: top-k weights' gradient plus the aux loss (through probs) and the z-loss (logits).
+  Tensor dprobs;
+  if (rg.aux_coef != 0.0f && rg.aux_rows > 0) {
+    dprobs = Tensor::zeros({T, E}, DType::kF32, dev, MemCategory::kWorkspace);
+    ops::aux_loss_backward(ctx, rg.aux_counts, rg.aux_rows, rg.aux_coef, dprobs);
+  }
+  Tensor dlogits = work_empty({T, E}, DType::kF32, dev);
+  ops::router_topk_backward(ctx, s.probs, s.topk_idx, s.topk_w, dtopk_w, dprobs, cfg.norm_topk_prob, dlogits);
+  if (rg.z_scale != 0.0f) ops::router_zloss_backward(ctx, s.router_logits, s.z_lse, rg.z_scale, dlogits);
+  Tensor dl = to_dtype(ctx, dlogits, dt);
+  ops::matmul(ctx, dl, Trans::kNo, w.router, Trans::kNo, db, 1.0f, 1.0f);          // [T,E] x [E,H]
+  ops::matmul(ctx, dlogits, Trans::kYes, s.b, Trans::kNo, g.router, 1.0f, 1.0f);   // [E,T] x [T,H]
+}
+
+void attention_backward_part(Context& ctx, const ModelConfig& cfg, const LayerParams& w, LayerParams& g,
+                             const Batch& batch, const LayerActs& s, Tensor& dh) {
+  const int64_t T = s.x.size(0), H = cfg.hidden_size, d = cfg.head_dim;
+  const int64_t nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
+  const DType dt = s.x.dtype();
+  const Device dev = s.x.device();
+  const float theta = static_cast<float>(cfg.rope_theta);
+
+  Tensor dattn = work_empty({T, nh * d}, dt, dev);
+  ops::matmul(ctx, dh, Trans::kNo, w.o_proj, Trans::kNo, dattn);                                // [T,H] x [H,nh*d]
+  ops::matmul(ctx, dh, Trans::kYes, s.attn.view({T, nh * d}), Trans::kNo, g.o_proj, 1.0f, 1.0f);  // [H,T] x [T,nh*d]
+
+  Tensor dq = work_empty({T, nh, d}, dt, dev), dk = work_empty({T, nkv, d}, dt, dev);
+  Tensor dv = work_empty({T, nkv, d}, dt, dev);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  ops::attention_backward(ctx, s.q, s.k, s.v, s.attn, s.lse, dattn.view({T, nh, d}), batch.cu_seqlens,
+                          batch.max_seqlen, scale, dq, dk, dv);
+  dattn = Tensor();
+
+  // RoPE backward, then the per-head norms; reuse buffers where shapes allow.
+  Tensor dqn = work_empty({T, nh, d}, dt, dev), dkn = work_empty({T, nkv, d}, dt, dev);
+  ops::rope_backward(ctx, dq, batch.positions, theta, dqn);
+  ops::rope_backward(ctx, dk, batch.positions, theta, dkn);
+  Tensor dq_raw = dq.view({T * nh, d}), dk_raw = dk.view({T * nkv, d});
+  ops::rmsnorm_backward(ctx, s.q_raw.view({T * nh, d}), w.q_norm, s.q_rstd, dqn.view({T * nh, d}), dq_raw, g.q_norm);
+  ops::rmsnorm_backward(ctx, s.k_raw.view({T * nkv, d}), w.k_norm, s.k_rstd, dkn.view({T * nkv, d}), dk_raw,
+                        g.k_norm);
+  dqn = Tensor();
+  dkn = Tensor();
+
+  Tensor dq2 = dq.view({T, nh * d}), dk2 = dk.view({T, nkv * d}), dv2 = dv.view({T, nkv * d});
+  Tensor da = work_empty({T, H}, dt, dev);
+  ops::matmul(ctx, dq2, Trans::kNo, w.q_proj, Trans::kNo, da);                   // [T,nh*d] x [nh*d,H]
+  ops::matmul(ctx, dk2, Trans::kNo, w.k_proj, Trans::kNo, da, 1.0f, 1.0f);
+  ops::matmul(ctx, dv2, Trans::kNo, w.v_proj, Trans::kNo, da, 1.0f, 1.0f);
+  ops::matmul(ctx, dq2, Trans::kYes, s.a, Trans::kNo, g.q_proj, 1.0f, 1.0f);     // [nh*d,T] x [T,H]
+  ops::matmul(ctx, dk2, Trans::kYes, s.a, Trans::kNo, g.k_proj, 1.0f, 1.0f);
+  ops::matmul(ctx, dv2, Trans::kYes, s.a, Trans::kNo, g.v_proj, 1.0f, 1.0f);
+
+  Tensor dx = work_empty({T, H}, dt, dev);
+  ops::rmsnorm_backward(ctx, s.x, w.input_norm, s.rstd_in, da, dx, g.input_norm);
+  ops::add_(ctx, dh, dx);  // residual: d(input) = d(h) + d(norm path)
+}
+
+}  // namespace
+
+Tensor decoder_layer_forward(Context& ctx, const ModelConfig& cfg, const LayerParams& w, const Batch& batch,
+                             const Tensor& x, const LayerSettings& set, LayerActs& s) {
+  const int64_t T = x.size(0), H = cfg.hidden_size;
+  MT_CHECK(x.dim() == 2 && x.size(1) == H, "[decoder_layer] input {} must be [T, {}]", x.desc(), H);
+  attention_forward_part(ctx, cfg, w, batch, x, s);
+  const DType dt = x.dtype();
+  const Device dev = x.device();
+  s.b = act_empty({T, H}, dt, dev);
+  s.rstd_post = act_empty({T}, DType::kF32, dev);
+  ops::rmsnorm_forward(ctx, s.h, w.post_norm, static_cast<float>(cfg.rms_norm_eps), s.b, s.rstd_post);
+  Tensor y = w.sparse ? moe_ffn_forward(ctx, cfg, w, set, s) : dense_ffn_forward(ctx, w, s);
+  Tensor out = act_empty({T, H}, dt, dev);
+  out.copy_from(s.h);
+  ops::add_(ctx, out, y);
+  return out;
+}
+
+void decoder_layer_backward(Context& ctx, const ModelConfig& cfg, const LayerParams& w, LayerParams& g,
+                            const Batch& batch, const LayerActs& s, const RouterLossGrad& rg, Tensor& dout) {
+  const int64_t T = s.x.size(0), H = cfg.hidden_size;
+  MT_CHECK(s.x.defined() && s.b.defined(), "[decoder_layer] backward without saved activations");
+  check_shape(dout, {T, H}, "decoder_layer", "dout");
+  Tensor db = work_empty({T, H}, s.b.dtype(), s.b.device());
+  if (w.sparse) {
+    moe_ffn_backward(ctx, cfg, w, g, s, rg, dout, db);
+  } else {
+    dense_ffn_backward(ctx, w, g, s, dout, db);
+  }
+  Tensor dh_part = work_empty({T, H}, s.b.dtype(), s.b.device());
+  ops::rmsnorm_backward(ctx, s.h, w.post_norm, s.rstd_post, db, dh_part, g.post_norm);
+  db = Tensor();
+  ops::add_(ctx, dout, dh_part);  // dout now holds d(loss)/d(h)
+  dh_part = Tensor();
+  attention_backward_part(ctx, cfg, w, g, batch, s, dout);
+}
+
+}  // namespace moetrain

@@ -1,0 +1,64 @@
+// One Qwen3 / Qwen3-MoE decoder layer, forward and backward, written only in ops.h terms
+// (SPEC.md section 2): h = x + Attn(RMSNorm(x)); out = h + FFN(RMSNorm(h)), FFN = dense SwiGLU MLP
+// or the dropless top-k MoE. Forward fills LayerActs with exactly what backward reads; backward
+// turns the gradient of the layer output into the gradient of its input and accumulates (+=)
+// f32 parameter gradients. No host synchronization happens inside either function.
+#pragma once
+#include <cstdint>
+
+#include "core/context.h"
+#include "core/tensor.h"
+#include "model/batch.h"
+#include "model/config.h"
+#include "model/params.h"
+
+namespace moetrain {
+
+// Saved activations of one layer (T tokens, k = top-k, Tk = T*k permuted rows).
+struct LayerActs {
+  Tensor x;                 // [T,H] layer input (the residual stream)
+  Tensor a, rstd_in;        // [T,H] input RMSNorm output, [T] f32
+  Tensor q_raw, q_rstd;     // [T,nh,d] before q_norm, [T*nh] f32
+  Tensor k_raw, k_rstd;     // [T,nkv,d] before k_norm, [T*nkv] f32
+  Tensor q, k, v;           // [T,nh,d], [T,nkv,d] after norm + RoPE; [T,nkv,d]
+  Tensor attn, lse;         // [T,nh,d] attention output, [nh,T] f32
+  Tensor h;                 // [T,H] after the attention residual
+  Tensor b, rstd_post;      // [T,H] post-attention RMSNorm output, [T] f32
+  Tensor gu, act;           // dense: [T,2I], [T,I]; MoE: [Tk,2I], [Tk,I] (expert-contiguous rows)
+  // MoE only
+  Tensor router_logits;     // [T,E] f32
+  Tensor probs;             // [T,E] f32 softmax of router_logits
+  Tensor topk_idx, topk_w;  // [T,k] i32, [T,k] f32
+  Tensor counts, offsets;   // [E] i32, [E+1] i32 (device-side grouping)
+  Tensor row_of, token_of;  // [Tk] i32
+  Tensor xp, yp;            // [Tk,H] permuted expert inputs / expert outputs (before weights)
+  Tensor z_lse;             // [T] f32 logsumexp of router logits (z-loss on)
+  void clear() { *this = LayerActs(); }
+};
+
+// What the router losses ask of a sparse layer's backward.
+struct RouterLossGrad {
+  Tensor aux_counts;        // [E] f32 picks per expert over the rows the aux loss spans
+  int64_t aux_rows = 0;     // N of those rows
+  float aux_coef = 0.0f;    // d(loss)/d(aux term) already folded in (0: no aux gradient)
+  float z_scale = 0.0f;     // d(loss)/d(sum_t lse_t^2) for this layer (0: no z-loss)
+};
+
+struct LayerSettings {
+  bool z_loss = false;      // compute and save router logsumexp
+};
+
+// Forward of layer `w` on input x [T,H]; returns the layer output [T,H] and fills `s`.
+Tensor decoder_layer_forward(Context& ctx, const ModelConfig& cfg, const LayerParams& w, const Batch& batch,
+                             const Tensor& x, const LayerSettings& set, LayerActs& s);
+
+// Backward: `dout` [T,H] holds d(loss)/d(layer output) on entry and d(loss)/d(layer input) on
+// return. Parameter gradients accumulate into `g` (f32, same structure as `w`).
+void decoder_layer_backward(Context& ctx, const ModelConfig& cfg, const LayerParams& w, LayerParams& g,
+                            const Batch& batch, const LayerActs& s, const RouterLossGrad& rg, Tensor& dout);
+
+// Helpers shared with the model: an activation-category tensor like `like`'s device.
+Tensor act_empty(const Shape& shape, DType dtype, Device dev);
+Tensor work_empty(const Shape& shape, DType dtype, Device dev);
+
+}  // namespace moetrain

@@ -1,2 +1,0 @@
-// placeholder until the model layer lands
-namespace moetrain {}

@@ -1,0 +1,67 @@
+// AdamW over a named parameter set, with fp32 master weights and fp32 moment states. Parameters
+// whose compute dtype is f32 are their own master (no copy); bf16 ones get an f32 master and the
+// update writes the rounded result back. No weight decay on 1-D tensors (norms, biases) or names
+// matching optimizer.no_weight_decay patterns; frozen parameters get no state and no update.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/context.h"
+#include "core/tensor.h"
+
+namespace moetrain {
+
+struct OptimParam {
+  std::string name;
+  Tensor weight;  // compute weights (model-owned storage; updated in place)
+  Tensor grad;    // f32, same shape, same device; accumulated by backward
+};
+
+struct AdamWConfig {
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  std::vector<std::string> no_decay_patterns;  // besides the 1-D rule
+  std::vector<std::string> freeze_patterns;
+};
+
+enum class ParamRole : uint8_t { kDecay, kNoDecay, kFrozen };
+
+// Clipping factor for a global gradient norm: min(1, max_norm / (norm + 1e-6)); 1 when max_norm
+// is 0 (clipping off).
+double clip_coefficient(double grad_norm, double max_norm);
+
+class AdamW {
+ public:
+  AdamW(std::vector<OptimParam> params, const AdamWConfig& cfg);
+
+  // Global L2 norm over the gradients of trainable parameters, accumulated in fp64, times `scale`
+  // (the factor the gradients will be multiplied by, e.g. a loss normalization).
+  double grad_norm(Context& ctx, double scale = 1.0) const;
+  // One update with learning rate `lr`; every gradient is multiplied by grad_scale first.
+  void step(Context& ctx, double lr, double grad_scale);
+  void zero_grad();  // zeroes every gradient (frozen ones too)
+
+  int64_t step_count() const { return step_; }
+  void set_step_count(int64_t s) { step_ = s; }
+  ParamRole role(size_t i) const { return roles_[i]; }
+  const std::vector<OptimParam>& params() const { return params_; }
+  int64_t num_trainable_elements() const;
+  int64_t num_frozen_elements() const;
+
+  // Optimizer state named globally for checkpoints: "exp_avg.<name>", "exp_avg_sq.<name>" and,
+  // when the master is a separate copy, "master.<name>". Loading copies into these tensors.
+  std::vector<std::pair<std::string, Tensor>> state_tensors() const;
+
+ private:
+  std::vector<OptimParam> params_;
+  std::vector<ParamRole> roles_;
+  std::vector<Tensor> master_, m_, v_;  // undefined for frozen params; master_ aliases f32 weights
+  AdamWConfig cfg_;
+  int64_t step_ = 0;
+};
+
+}  // namespace moetrain

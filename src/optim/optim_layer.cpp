@@ -1,2 +1,0 @@
-// placeholder until the optim layer lands
-namespace moetrain {}

@@ -1,2 +1,0 @@
-// placeholder until the tokenizer layer lands
-namespace moetrain {}

@@ -1,2 +1,0 @@
-// placeholder until the train layer lands
-namespace moetrain {}

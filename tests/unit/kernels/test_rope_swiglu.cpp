@@ -1,0 +1,104 @@
+// RoPE (rotate-half) and SwiGLU on the CPU: forwards against double loops, backwards against
+// central finite differences of those loops, plus RoPE invariants (position 0 is the identity,
+// norms are kept, in-place use).
+#include <cmath>
+
+#include "core/context.h"
+#include "kernels/ops.h"
+#include "unit/kernels/reference.h"
+
+using namespace moetrain;
+using namespace moetrain::test;
+
+namespace {
+// Rotate pairs (i, i + d/2) by pos * theta^(-2i/d), written as a complex multiply in double.
+std::vector<double> rope_ref(const std::vector<double>& x, const std::vector<int32_t>& pos, int64_t heads,
+                             int64_t d, double theta) {
+  std::vector<double> y(x.size());
+  const int64_t T = static_cast<int64_t>(pos.size()), half = d / 2;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < half; ++i) {
+        const double ang = pos[t] * std::pow(theta, -2.0 * i / d);
+        const int64_t base = (t * heads + h) * d;
+        const double re = x[base + i], im = x[base + i + half];
+        y[base + i] = re * std::cos(ang) - im * std::sin(ang);
+        y[base + i + half] = re * std::sin(ang) + im * std::cos(ang);
+      }
+  return y;
+}
+
+std::vector<double> swiglu_ref(const std::vector<double>& gu, int64_t N, int64_t I) {
+  std::vector<double> h(N * I);
+  for (int64_t r = 0; r < N; ++r)
+    for (int64_t i = 0; i < I; ++i) {
+      const double g = gu[r * 2 * I + i], u = gu[r * 2 * I + I + i];
+      h[r * I + i] = g / (1.0 + std::exp(-g)) * u;
+    }
+  return h;
+}
+}  // namespace
+
+TEST(RoPE, ForwardBackwardAgainstDouble) {
+  Context ctx;
+  const int64_t T = 7, heads = 3, d = 10;  // d/2 = 5: not a power of two
+  const double theta = 10000.0;
+  std::vector<int32_t> pos = {0, 1, 2, 0, 5, 63, 17};  // restarts, like packed documents
+  auto x = randn(T * heads * d, 40);
+  Tensor xt = tensor(x, {T, heads, d}), pt = ints(pos, {T}), y = poisoned({T, heads, d});
+  ops::rope_forward(ctx, xt, pt, static_cast<float>(theta), y);
+  expect_close(y, rope_ref(to_d(x), pos, heads, d, theta), 2e-5, 2e-5, "rope forward");
+  for (int64_t i = 0; i < heads * d; ++i) EXPECT_EQ(y.get(i), x[i]) << "position 0 is the identity";
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < heads; ++h) {
+      double n0 = 0, n1 = 0;
+      for (int64_t i = 0; i < d; ++i) {
+        n0 += std::pow(x[(t * heads + h) * d + i], 2);
+        n1 += std::pow(y.get((t * heads + h) * d + i), 2);
+      }
+      EXPECT_NEAR(n0, n1, 1e-5 * n0);
+    }
+
+  auto rw = randn(T * heads * d, 41);
+  Tensor dx = poisoned({T, heads, d});
+  ops::rope_backward(ctx, tensor(rw, {T, heads, d}), pt, static_cast<float>(theta), dx);
+  auto g = fd_grad([&](const std::vector<double>& xv) { return dot(rope_ref(xv, pos, heads, d, theta), to_d(rw)); },
+                   to_d(x));
+  expect_close(dx, g, 2e-5, 2e-5, "rope backward");
+
+  // In place (y aliases x) gives the same values.
+  ops::rope_forward(ctx, xt, pt, static_cast<float>(theta), xt);
+  expect_close(xt, to_d(y), 0, 0, "rope in place");
+
+  Tensor odd = tensor(randn(T * 3, 42), {T, 1, 3}), odd_y = poisoned({T, 1, 3});
+  EXPECT_THROW(ops::rope_forward(ctx, odd, pt, 1e4f, odd_y), Error);
+}
+
+TEST(RoPE, LargePositionUsesFp32AngleOfHF) {
+  // Dim pair 0 has inv_freq exactly 1, so the fp32 angle is the position itself (exact), and the
+  // result must match a double evaluation at that angle to fp32 rounding.
+  Context ctx;
+  const int32_t p = 40000;
+  Tensor x = tensor({0.25f, -1.5f, 2.0f, 0.5f}, {1, 1, 4}), y = poisoned({1, 1, 4});
+  ops::rope_forward(ctx, x, ints({p}, {1}), 1e6f, y);
+  EXPECT_NEAR(y.get(0), 0.25 * std::cos(double(p)) - 2.0 * std::sin(double(p)), 1e-6);
+  EXPECT_NEAR(y.get(2), 2.0 * std::cos(double(p)) + 0.25 * std::sin(double(p)), 1e-6);
+}
+
+TEST(SwiGLU, ForwardBackward) {
+  Context ctx;
+  ctx.set_num_threads(2);
+  for (auto [N, I] : {std::pair<int64_t, int64_t>{1, 1}, {5, 13}, {70, 3}}) {
+    auto gu = randn(N * 2 * I, 50, 3.0f);  // includes large |g| where the sigmoid saturates
+    Tensor gt = tensor(gu, {N, 2 * I}), h = poisoned({N, I});
+    ops::swiglu_forward(ctx, gt, h);
+    expect_close(h, swiglu_ref(to_d(gu), N, I), 1e-6, 1e-6, "swiglu forward");
+    auto rw = randn(N * I, 51);
+    Tensor dgu = poisoned({N, 2 * I});
+    ops::swiglu_backward(ctx, gt, tensor(rw, {N, I}), dgu);
+    auto g = fd_grad([&](const std::vector<double>& v) { return dot(swiglu_ref(v, N, I), to_d(rw)); }, to_d(gu));
+    expect_close(dgu, g, 1e-5, 1e-5, "swiglu backward");
+  }
+  Tensor odd = tensor(randn(6, 52), {2, 3}), h = poisoned({2, 1});
+  EXPECT_THROW(ops::swiglu_forward(ctx, odd, h), Error);
+}
