@@ -192,7 +192,7 @@ void PackedLoader::fill(const std::vector<Piece>& pieces, int64_t epoch, MicroBa
       out.tokens.push_back(tok[k]);
       out.positions.push_back(static_cast<int32_t>(k));
       // The label at t is token t+1, trained iff the mask of token t+1 is set.
-      const bool trained = t + 1 < stop && mask[k] != 0;
+      const bool trained = t + 1 < stop && mask[k + 1] != 0;
       out.labels.push_back(trained ? tok[k + 1] : kIgnoreLabel);
       out.loss_mask.push_back(trained ? 1.0f : 0.0f);
       out.num_trained_tokens += trained;

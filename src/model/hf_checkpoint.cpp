@@ -58,7 +58,7 @@ void copy_piece(const uint8_t* src, DType sdt, const HfPiece& p, Tensor region) 
   std::vector<uint8_t> tmp(n * es);
   convert_elements(src, sdt, tmp.data(), region.dtype(), n);
   const int64_t a = p.hf_shape[p.hf_shape.size() - 2], b = p.hf_shape.back();
-  const int64_t batches = a * b ? static_cast<int64_t>(n) / (a * b) : 0;
+  const int64_t batches = (a > 0 && b > 0) ? static_cast<int64_t>(n) / (a * b) : 0;
   uint8_t* dst = static_cast<uint8_t*>(region.data_ptr());
   for (int64_t k = 0; k < batches; ++k)
     for (int64_t i = 0; i < b; ++i)

@@ -41,7 +41,53 @@ ThreadMatchState& match_state() {
   return s;
 }
 
+// Unicode White_Space, as a class body.
+constexpr const char* kWhiteSpaceMembers =
+    "\\x{9}-\\x{d}\\x{20}\\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}"
+    "\\x{205f}\\x{3000}";
+
 }  // namespace
+
+std::string oniguruma_compatible_regex(std::string_view p) {
+  std::string out;
+  bool in_class = false;
+  for (size_t i = 0; i < p.size(); ++i) {
+    char c = p[i];
+    if (c == '\\' && i + 1 < p.size()) {
+      char e = p[i + 1];
+      ++i;
+      if (e == 's') {
+        out += in_class ? std::string(kWhiteSpaceMembers)
+                        : std::string("[") + kWhiteSpaceMembers + "]";
+      } else if (e == 'S' && !in_class) {
+        out += std::string("[^") + kWhiteSpaceMembers + "]";
+      } else {
+        out += c;
+        out += e;
+      }
+      continue;
+    }
+    if (!in_class && c == '[') {
+      in_class = true;
+      out += c;
+      // A ']' right after '[' or '[^' is a literal member.
+      if (i + 1 < p.size() && p[i + 1] == '^') out += p[++i];
+      if (i + 1 < p.size() && p[i + 1] == ']') out += p[++i];
+      continue;
+    }
+    if (in_class && c == '[' && i + 1 < p.size() && p[i + 1] == ':') {  // [:alpha:]
+      size_t end = p.find(":]", i + 2);
+      if (end != std::string_view::npos) {
+        out.append(p.substr(i, end + 2 - i));
+        i = end + 1;
+        continue;
+      }
+    }
+    if (in_class && c == ']') in_class = false;
+    out += c;
+  }
+  return out;
+}
 
 RegexSplitter::RegexSplitter(const std::string& pattern, bool literal, SplitBehavior behavior,
                              bool invert, const std::string& where)
@@ -50,11 +96,12 @@ RegexSplitter::RegexSplitter(const std::string& pattern, bool literal, SplitBeha
   if (literal) opts |= PCRE2_LITERAL;
   int err = 0;
   PCRE2_SIZE off = 0;
-  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+  std::string adapted = literal ? pattern : oniguruma_compatible_regex(pattern);
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(adapted.data()), adapted.size(),
                                    opts, &err, &off, nullptr);
   if (!code)
-    MT_FAIL("[tokenizer] {}: cannot compile the regex '{}' (at offset {}): {}", where, pattern,
-            off, pcre2_message(err));
+    MT_FAIL("[tokenizer] {}: cannot compile the regex '{}' (as '{}', at offset {}): {}", where,
+            pattern, adapted, off, pcre2_message(err));
   jit_ = pcre2_jit_compile(code, PCRE2_JIT_COMPLETE) == 0;
   code_ = code;
 }

@@ -16,6 +16,10 @@ enum class SplitBehavior { kIsolated, kRemoved, kMergedWithPrevious, kMergedWith
 inline constexpr const char* kGpt2SplitRegex =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
+// Rewrites \s (and \S outside classes) as the Unicode White_Space set, which is what \s means
+// in Oniguruma; PCRE2's \s under UCP also matches U+180E. Everything else is left as written.
+std::string oniguruma_compatible_regex(std::string_view pattern);
+
 class RegexSplitter {
  public:
   // `where` names the file and key for error messages.

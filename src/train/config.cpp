@@ -180,11 +180,12 @@ const std::vector<Field>& schema() {
       MT_KEY(model, init_method_std, "standard deviation of the random initialization"),
       MT_KEY(model, moe_aux_loss_coeff, "load-balancing loss coefficient (HF router_aux_loss_coef)"),
       MT_KEY(model, moe_z_loss_coeff, "router z-loss coefficient (ST-MoE); 0 disables"),
+      MT_KEY(model, moe_aux_loss_type, "global (HF: statistics over all sparse layers) or per_layer (Megatron: per layer, averaged)"),
       MT_KEY(data, data_path, "training data: chat/text JSONL files or prepared dataset prefixes"),
       MT_KEY(data, valid_data_path, "held-out data; empty: take the validation split from data_path"),
       MT_KEY(data, split, "Megatron-style train,valid,test weights used when valid_data_path is empty"),
       MT_KEY(data, mock_data, "random token data instead of files (throughput tests)"),
-      MT_KEY(data, format, "auto, chat, text or tokens"),
+      MT_KEY(data, format, "record format when data_path is JSONL (prepared on the fly): auto, text, chat or preference"),
       MT_KEY(training, objective, "pretrain, sft, dpo or grpo"),
       MT_KEY(training, micro_batch_size, "sequences of seq_length tokens per micro-batch"),
       MT_KEY(training, global_batch_size, "sequences per optimizer step over all ranks (0: micro_batch_size x data parallel)"),
@@ -197,6 +198,7 @@ const std::vector<Field>& schema() {
       MT_KEY(training, device, "auto, cpu or cuda"),
       MT_KEY(training, bf16, "bf16 compute weights on the GPU (the CPU path computes in f32)"),
       MT_KEY(training, exit_signal_handler, "on SIGTERM/SIGINT save a checkpoint and exit cleanly"),
+      MT_KEY(training, exit_interval, "save a checkpoint and exit after a step that is a multiple of N (0: off)"),
       MT_KEY(optimizer, optimizer, "adamw"),
       MT_KEY(optimizer, lr, "peak learning rate"),
       MT_KEY(optimizer, min_lr, "learning-rate floor reached at the end of the decay"),
@@ -228,6 +230,7 @@ const std::vector<Field>& schema() {
       MT_KEY(logging, tensorboard_dir, "TensorBoard directory (\"\": <run_dir>/tensorboard)"),
       MT_KEY(logging, plot, "write <run_dir>/training.svg at each validation"),
       MT_KEY(logging, log_expert_load, "per-layer expert load statistics in metrics"),
+      MT_KEY(logging, peak_tflops, "device peak TFLOP/s for MFU (0: known GPUs only: H100/H200 989, A100 312)"),
   };
   return fields;
 }
@@ -383,7 +386,10 @@ void TrainConfig::validate() const {
   for (const auto& p : model.freeze) validate_name_pattern(p, "model.freeze");
   for (const auto& p : optimizer.no_weight_decay) validate_name_pattern(p, "optimizer.no_weight_decay");
   MT_CHECK(data.mock_data || !data.data_path.empty(), "[config] {}: data.data_path is empty and data.mock_data is false", s);
-  check_choice(data.format, {"auto", "chat", "text", "tokens"}, "data.format", s);
+  check_choice(model.moe_aux_loss_type, {"global", "per_layer"}, "model.moe_aux_loss_type", s);
+  MT_CHECK(training.exit_interval >= 0, "[config] {}: training.exit_interval must be >= 0", s);
+  MT_CHECK(logging.peak_tflops >= 0, "[config] {}: logging.peak_tflops must be >= 0", s);
+  check_choice(data.format, {"auto", "text", "chat", "preference"}, "data.format", s);
   check_choice(training.objective, {"pretrain", "sft", "dpo", "grpo"}, "training.objective", s);
   check_choice(training.recompute_granularity, {"none", "selective", "full"}, "training.recompute_granularity", s);
   check_choice(training.device, {"auto", "cpu", "cuda"}, "training.device", s);

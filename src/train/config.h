@@ -19,6 +19,7 @@ struct ModelSection {
   double init_method_std = 0.02;
   double moe_aux_loss_coeff = 0.001;
   double moe_z_loss_coeff = 0.0;
+  std::string moe_aux_loss_type = "global";  // global (HF) | per_layer (Megatron)
 };
 
 struct DataSection {
@@ -26,7 +27,7 @@ struct DataSection {
   std::vector<std::string> valid_data_path;  // held-out data; empty: split from data_path
   std::string split = "98,2,0";              // Megatron train,valid,test weights
   bool mock_data = false;                    // random tokens, no files
-  std::string format = "auto";               // auto|chat|text|tokens
+  std::string format = "auto";               // auto|text|chat|preference (JSONL inputs)
 };
 
 struct TrainingSection {
@@ -42,6 +43,7 @@ struct TrainingSection {
   std::string device = "auto";    // auto|cpu|cuda
   bool bf16 = true;               // bf16 compute weights on GPU (the CPU path is f32)
   bool exit_signal_handler = true;
+  int64_t exit_interval = 0;      // > 0: save and exit after a step that is a multiple of it
 };
 
 struct OptimizerSection {
@@ -85,6 +87,7 @@ struct LoggingSection {
   std::string tensorboard_dir;  // "" : <run_dir>/tensorboard
   bool plot = true;             // <run_dir>/training.svg, refreshed at each validation
   bool log_expert_load = true;
+  double peak_tflops = 0.0;     // device peak for MFU; 0: known GPUs only (H100/H200 989, A100 312)
 };
 
 struct TrainConfig {

@@ -38,6 +38,18 @@ inline Tensor device_scratch(const Context& ctx, int64_t bytes) {
   return Tensor::empty({bytes > 0 ? bytes : 1}, DType::kU8, ctx.device(), MemCategory::kWorkspace);
 }
 
+// Copies on the Context's stream, then waits for it (the host buffer may be pageable).
+inline void copy_to_host(const Context& ctx, void* dst, const void* src, size_t bytes) {
+  if (!bytes) return;
+  MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_of(ctx)));
+  MT_CUDA_CHECK(cudaStreamSynchronize(stream_of(ctx)));
+}
+inline void copy_to_device(const Context& ctx, void* dst, const void* src, size_t bytes) {
+  if (!bytes) return;
+  MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_of(ctx)));
+  MT_CUDA_CHECK(cudaStreamSynchronize(stream_of(ctx)));
+}
+
 // Deterministic sum (or sum of squares) of n device values in fp64, returned to the host
 // (synchronizes the stream). Defined in elementwise.cu for float and bf16.
 template <typename X>

@@ -70,11 +70,11 @@ TEST(Attention, ForwardMatchesNaiveMaskedSoftmax) {
   Context ctx;
   ctx.set_num_threads(3);
   for (const Dims& D : {Dims{13, 4, 2, 6}, Dims{13, 3, 3, 5}, Dims{13, 4, 1, 7}}) {
-    Case c(D, {0, 1, 6, 9, 13}, 60);  // a one-token document first
+    Case c(D, {0, 1, 6, 6, 9, 13}, 60);  // a one-token document first, an empty one later
     const float scale = 1.0f / std::sqrt(static_cast<float>(D.d));
     Tensor out = poisoned({D.T, D.nh, D.d}), lse = poisoned({D.nh, D.T});
     ops::attention_forward(ctx, tensor(c.q, {D.T, D.nh, D.d}), tensor(c.k, {D.T, D.nkv, D.d}),
-                           tensor(c.v, {D.T, D.nkv, D.d}), ints(c.cu, {5}), c.max_len(), scale, out, lse);
+                           tensor(c.v, {D.T, D.nkv, D.d}), ints(c.cu, {6}), c.max_len(), scale, out, lse);
     std::vector<double> lse_ref;
     auto want = attn_ref(to_d(c.q), to_d(c.k), to_d(c.v), D, c.cu, scale, &lse_ref);
     expect_close(out, want, 1e-5, 1e-6, "attention out");

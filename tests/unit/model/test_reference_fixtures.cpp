@@ -161,3 +161,30 @@ INSTANTIATE_TEST_SUITE_P(Models, ReferenceFixture, testing::ValuesIn(kCases),
                          [](const testing::TestParamInfo<std::string>& i) { return i.param; });
 
 }  // namespace
+
+namespace {
+
+// The comparison discriminates: a 1% change of the aux coefficient, or routing weights not
+// renormalized, moves loss or gradients past the tolerances above.
+TEST(ReferenceFixtureSensitivity, SmallModelChangesAreDetected) {
+  Fixture f = load_fixture("moe_untied");
+  Context ctx;
+  ModelOptions o;
+  o.aux_coef = static_cast<float>(f.params.config.router_aux_loss_coef * 1.01);
+  Qwen3Model m(f.params, o);
+  ModelParams g = allocate_gradients(f.params.config, Device::cpu());
+  ForwardResult r = m.forward_backward(ctx, f.batch, g);
+  const double ref_loss = f.ref->tensor("loss").get(0);
+  EXPECT_GT(std::abs(r.loss - ref_loss), 1e-5 * ref_loss);
+  double worst = 0;
+  for (auto& [n, t] : hf_grads(g)) worst = std::max(worst, rel_err(t, f.ref->tensor("grad." + n)));
+  EXPECT_GT(worst, 1e-4);
+
+  f.params.config.norm_topk_prob = false;
+  Qwen3Model m2(f.params);
+  ModelParams g2 = allocate_gradients(f.params.config, Device::cpu());
+  ForwardResult r2 = m2.forward_backward(ctx, f.batch, g2, true);
+  EXPECT_GT(rel_err(r2.logits, f.ref->tensor("logits")), 1e-3);
+}
+
+}  // namespace

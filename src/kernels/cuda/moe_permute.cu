@@ -1,0 +1,215 @@
+// CUDA token permutation into expert-contiguous order and back. route_index runs entirely on the
+// device: a stable radix sort of the T*k picks by expert id (CUB; stable, so rows of one expert
+// keep ascending flat pick order), offsets by binary search in the sorted ids, counts as their
+// differences. permute gathers rows; unpermute is y[t] = sum_j w[t,j] yp[row_of[t*k+j]].
+// Backwards are per-token gathers in j order (deterministic, no atomics).
+#include <cub/device/device_radix_sort.cuh>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+
+namespace moetrain::cuda {
+
+namespace {
+
+__global__ void iota_kernel(int32_t* __restrict__ v, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    v[i] = static_cast<int32_t>(i);
+}
+
+// offsets[e] = first sorted position whose expert id is >= e, for e in [0, E].
+__global__ void offsets_kernel(const int32_t* __restrict__ sorted, int64_t P, int E, int32_t* __restrict__ counts,
+                               int32_t* __restrict__ offsets) {
+  const int e = blockIdx.x * blockDim.x + threadIdx.x;
+  if (e > E) return;
+  auto lower = [&](int v) {
+    int64_t lo = 0, hi = P;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) >> 1;
+      if (sorted[mid] < v) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+  };
+  const int64_t a = lower(e);
+  offsets[e] = static_cast<int32_t>(a);
+  if (e < E) counts[e] = static_cast<int32_t>(lower(e + 1) - a);
+}
+
+__global__ void scatter_rows_kernel(const int32_t* __restrict__ sorted_pick, int64_t P, int k,
+                                    int32_t* __restrict__ row_of, int32_t* __restrict__ token_of) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < P; i += (int64_t)gridDim.x * blockDim.x) {
+    const int32_t pick = sorted_pick[i];
+    row_of[pick] = static_cast<int32_t>(i);
+    token_of[i] = pick / k;
+  }
+}
+
+template <typename S, typename D>
+__global__ void gather_rows_kernel(const S* __restrict__ x, const int32_t* __restrict__ src_row, int64_t H,
+                                   D* __restrict__ out) {
+  const int64_t r = blockIdx.x;
+  const int64_t s = src_row[r];
+  for (int64_t h = threadIdx.x; h < H; h += blockDim.x) out[r * H + h] = from_f<D>(to_f(x[s * H + h]));
+}
+
+// out[t] = sum_j (w ? w[t,j] : 1) * src[row_of[t*k+j]]
+template <typename S, typename D>
+__global__ void combine_rows_kernel(const S* __restrict__ src, const int32_t* __restrict__ row_of,
+                                    const float* __restrict__ w, int k, int64_t H, D* __restrict__ out) {
+  const int64_t t = blockIdx.x;
+  for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
+    float acc = 0.0f;
+    for (int j = 0; j < k; ++j) {
+      const int64_t row = row_of[t * k + j];
+      acc += (w ? w[t * k + j] : 1.0f) * to_f(src[row * H + h]);
+    }
+    out[t * H + h] = from_f<D>(acc);
+  }
+}
+
+template <typename G, typename Y, typename DY>
+__global__ void unpermute_bwd_kernel(const G* __restrict__ dy, const Y* __restrict__ yp,
+                                     const int32_t* __restrict__ row_of, const float* __restrict__ w, int k,
+                                     int64_t H, DY* __restrict__ dyp, float* __restrict__ dw) {
+  __shared__ float scratch[32];
+  const int64_t t = blockIdx.x;
+  for (int j = 0; j < k; ++j) {
+    const int64_t row = row_of[t * k + j];
+    const float wj = w[t * k + j];
+    float dot = 0.0f;
+    for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
+      const float g = to_f(dy[t * H + h]);
+      dot += g * to_f(yp[row * H + h]);
+      dyp[row * H + h] = from_f<DY>(wj * g);
+    }
+    dot = block_sum(dot, scratch);
+    if (threadIdx.x == 0) dw[t * k + j] = dot;
+  }
+}
+
+}  // namespace
+
+void moe_route_index(Context& ctx, const Tensor& topk_idx, int num_experts, Tensor& counts, Tensor& offsets,
+                     Tensor& row_of, Tensor& token_of) {
+  const char* op = "moe_route_index";
+  for (const Tensor* t : {&topk_idx, static_cast<const Tensor*>(&counts), static_cast<const Tensor*>(&offsets),
+                          static_cast<const Tensor*>(&row_of), static_cast<const Tensor*>(&token_of)}) {
+    need_cuda(*t, op, "index tensor");
+    need_dtype(*t, DType::kI32, op, "index tensor");
+  }
+  const int64_t P = topk_idx.numel(), k = topk_idx.dim() == 2 ? topk_idx.size(1) : 1;
+  const int E = num_experts;
+  MT_CHECK(E >= 1, "[moe_route_index] num_experts = {}, expected >= 1", E);
+  need_numel(counts, E, op, "counts");
+  need_numel(offsets, E + 1, op, "offsets");
+  need_numel(row_of, P, op, "row_of");
+  need_numel(token_of, P, op, "token_of");
+  MT_CHECK(P < (int64_t{1} << 31), "[moe_route_index] {} picks exceed the i32 range", P);
+  cudaStream_t s = stream_of(ctx);
+  size_t temp_bytes = 0;
+  MT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, static_cast<const int32_t*>(nullptr),
+                                                static_cast<int32_t*>(nullptr), static_cast<const int32_t*>(nullptr),
+                                                static_cast<int32_t*>(nullptr), static_cast<int>(P), 0, 32, s));
+  const int64_t idx_bytes = (3 * P * 4 + 255) / 256 * 256;
+  Tensor scratch = device_scratch(ctx, idx_bytes + static_cast<int64_t>(temp_bytes));
+  int32_t* pick = static_cast<int32_t*>(scratch.data_ptr());
+  int32_t* sorted_e = pick + P;
+  int32_t* sorted_pick = pick + 2 * P;
+  void* temp = static_cast<char*>(scratch.data_ptr()) + idx_bytes;
+  if (P > 0) {
+    iota_kernel<<<grid_for(P), 256, 0, s>>>(pick, P);
+    check_launch(op);
+    // All 32 bits: out-of-range ids sort outside [0, E) and are left out of counts/offsets.
+    MT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, topk_idx.data<int32_t>(), sorted_e, pick,
+                                                  sorted_pick, static_cast<int>(P), 0, 32, s));
+    scatter_rows_kernel<<<grid_for(P), 256, 0, s>>>(sorted_pick, P, static_cast<int>(k), row_of.data<int32_t>(),
+                                                    token_of.data<int32_t>());
+  }
+  offsets_kernel<<<static_cast<unsigned>((E + 1 + 255) / 256), 256, 0, s>>>(sorted_e, P, E, counts.data<int32_t>(),
+                                                                            offsets.data<int32_t>());
+  check_launch(op);
+}
+
+void moe_permute(Context& ctx, const Tensor& x, const Tensor& token_of, Tensor& xp) {
+  const char* op = "moe_permute";
+  need_cuda(x, op, "x");
+  need_cuda(token_of, op, "token_of");
+  need_cuda(xp, op, "xp");
+  need_dtype(token_of, DType::kI32, op, "token_of");
+  const int64_t H = x.size(-1), N = xp.size(0);
+  need_numel(token_of, N, op, "token_of");
+  need_numel(xp, N * H, op, "xp");
+  if (!N || !H) return;
+  MT_CUDA_DISPATCH(x.dtype(), S, op,
+    MT_CUDA_DISPATCH(xp.dtype(), D, op,
+      gather_rows_kernel<<<static_cast<unsigned>(N), 256, 0, stream_of(ctx)>>>(
+          static_cast<const S*>(x.data_ptr()), token_of.data<int32_t>(), H, static_cast<D*>(xp.data_ptr()))));
+  check_launch(op);
+}
+
+void moe_permute_backward(Context& ctx, const Tensor& dxp, const Tensor& row_of, Tensor& dx) {
+  const char* op = "moe_permute_backward";
+  need_cuda(dxp, op, "dxp");
+  need_cuda(row_of, op, "row_of");
+  need_cuda(dx, op, "dx");
+  need_dtype(row_of, DType::kI32, op, "row_of");
+  const int64_t T = dx.size(0), H = dx.size(-1), N = dxp.size(0), k = T ? N / T : 0;
+  MT_CHECK(T == 0 || k * T == N, "[moe_permute_backward] dxp has {} rows, not a multiple of the {} tokens", N, T);
+  need_numel(row_of, N, op, "row_of");
+  if (!T || !H) return;
+  MT_CUDA_DISPATCH(dxp.dtype(), S, op,
+    MT_CUDA_DISPATCH(dx.dtype(), D, op,
+      combine_rows_kernel<<<static_cast<unsigned>(T), 256, 0, stream_of(ctx)>>>(
+          static_cast<const S*>(dxp.data_ptr()), row_of.data<int32_t>(), nullptr, static_cast<int>(k), H,
+          static_cast<D*>(dx.data_ptr()))));
+  check_launch(op);
+}
+
+void moe_unpermute(Context& ctx, const Tensor& yp, const Tensor& row_of, const Tensor& topk_w, Tensor& y) {
+  const char* op = "moe_unpermute";
+  need_cuda(yp, op, "yp");
+  need_cuda(row_of, op, "row_of");
+  need_cuda(topk_w, op, "topk_w");
+  need_cuda(y, op, "y");
+  need_dtype(row_of, DType::kI32, op, "row_of");
+  need_dtype(topk_w, DType::kF32, op, "topk_w");
+  const int64_t T = y.size(0), H = y.size(-1), k = topk_w.size(-1);
+  need_numel(row_of, T * k, op, "row_of");
+  need_numel(topk_w, T * k, op, "topk_w");
+  if (!T || !H) return;
+  MT_CUDA_DISPATCH(yp.dtype(), S, op,
+    MT_CUDA_DISPATCH(y.dtype(), D, op,
+      combine_rows_kernel<<<static_cast<unsigned>(T), 256, 0, stream_of(ctx)>>>(
+          static_cast<const S*>(yp.data_ptr()), row_of.data<int32_t>(), topk_w.data<float>(), static_cast<int>(k),
+          H, static_cast<D*>(y.data_ptr()))));
+  check_launch(op);
+}
+
+void moe_unpermute_backward(Context& ctx, const Tensor& dy, const Tensor& yp, const Tensor& row_of,
+                            const Tensor& topk_w, Tensor& dyp, Tensor& dtopk_w) {
+  const char* op = "moe_unpermute_backward";
+  need_cuda(dy, op, "dy");
+  need_cuda(yp, op, "yp");
+  need_cuda(row_of, op, "row_of");
+  need_cuda(topk_w, op, "topk_w");
+  need_cuda(dyp, op, "dyp");
+  need_cuda(dtopk_w, op, "dtopk_w");
+  need_dtype(row_of, DType::kI32, op, "row_of");
+  need_dtype(topk_w, DType::kF32, op, "topk_w");
+  need_dtype(dtopk_w, DType::kF32, op, "dtopk_w");
+  const int64_t T = dy.size(0), H = dy.size(-1), k = topk_w.size(-1);
+  need_numel(row_of, T * k, op, "row_of");
+  need_numel(dtopk_w, T * k, op, "dtopk_w");
+  need_numel(dyp, yp.numel(), op, "dyp");
+  if (!T) return;
+  MT_CUDA_DISPATCH(dy.dtype(), G, op,
+    MT_CUDA_DISPATCH(yp.dtype(), Y, op,
+      MT_CUDA_DISPATCH(dyp.dtype(), DY, op,
+        unpermute_bwd_kernel<<<static_cast<unsigned>(T), 256, 0, stream_of(ctx)>>>(
+            static_cast<const G*>(dy.data_ptr()), static_cast<const Y*>(yp.data_ptr()), row_of.data<int32_t>(),
+            topk_w.data<float>(), static_cast<int>(k), H, static_cast<DY*>(dyp.data_ptr()),
+            dtopk_w.data<float>()))));
+  check_launch(op);
+}
+
+}  // namespace moetrain::cuda

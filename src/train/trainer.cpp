@@ -1,0 +1,469 @@
+// The training loop (see trainer.h). Determinism: the data order depends only on the seed and
+// the loader cursor, the schedule only on the step, the CPU kernels are thread-count independent
+// and parameters are updated in a fixed order, so N steps + resume + N steps reproduce 2N straight
+// steps bit for bit. Aux and z coefficients are divided by the accumulation count so that a
+// global batch weighs them once, like the CE, whose per-token weights are 1 / N_global.
+#include "train/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+
+#include "core/check.h"
+#include "core/context.h"
+#include "core/log.h"
+#include "io/atomic_dir.h"
+#include "model/hf_checkpoint.h"
+#include "model/qwen3_model.h"
+#include "optim/adamw.h"
+#include "optim/schedule.h"
+#include "train/checkpoint.h"
+#include "train/data_setup.h"
+#include "train/metrics.h"
+#include "train/plot_svg.h"
+#include "train/signals.h"
+#include "train/tensorboard.h"
+
+namespace moetrain {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+Device pick_device(const TrainConfig& cfg) {
+  const int n = cuda_device_count();
+  if (cfg.training.device == "cuda") {
+    MT_CHECK(n > 0, "[train] {}: training.device is cuda but no CUDA device is visible", cfg.source);
+    return Device::cuda(0);
+  }
+  if (cfg.training.device == "auto" && n > 0) return Device::cuda(0);
+  return Device::cpu();
+}
+
+ModelConfig model_config_of(const TrainConfig& cfg) {
+  ModelConfig mc;
+  if (!cfg.model.path.empty()) {
+    LoadOptions lo;
+    lo.num_layers = cfg.model.num_layers;
+    return load_hf_config(cfg.model.path, lo);
+  }
+  if (!cfg.model.preset.empty()) mc = ModelConfig::preset(cfg.model.preset);
+  else mc = ModelConfig::from_file(cfg.model.config);
+  if (cfg.model.num_layers > 0) {
+    mc.num_hidden_layers = cfg.model.num_layers;
+    mc.validate(cfg.source + " (model.num_layers)");
+  }
+  return mc;
+}
+
+// Mean number of keys a query attends over the real (non-padding) segments: sum L(L+1)/2 / sum L.
+double mean_attended(const MicroBatch& mb) {
+  double keys = 0, toks = 0;
+  const int64_t segs = mb.num_segments() - (mb.num_padding > 0 ? 1 : 0);
+  for (int64_t s = 0; s < segs; ++s) {
+    const double L = mb.cu_seqlens[s + 1] - mb.cu_seqlens[s];
+    keys += L * (L + 1) / 2, toks += L;
+  }
+  return toks > 0 ? keys / toks : 0.0;
+}
+
+Batch to_batch(const MicroBatch& mb, float weight_scale, Device dev) {
+  const int64_t T = static_cast<int64_t>(mb.tokens.size());
+  Batch b;
+  b.tokens = Tensor::from_ints(mb.tokens, {T});
+  b.positions = Tensor::from_ints(mb.positions, {T});
+  b.cu_seqlens = Tensor::from_ints(mb.cu_seqlens, {static_cast<int64_t>(mb.cu_seqlens.size())});
+  b.labels = Tensor::from_ints(mb.labels, {T});
+  std::vector<float> w(mb.loss_mask.size());
+  for (size_t i = 0; i < w.size(); ++i) w[i] = mb.loss_mask[i] * weight_scale;
+  b.loss_weights = Tensor::from_floats(w, {T});
+  for (size_t i = 0; i + 1 < mb.cu_seqlens.size(); ++i)
+    b.max_seqlen = std::max(b.max_seqlen, mb.cu_seqlens[i + 1] - mb.cu_seqlens[i]);
+  return dev.is_cpu() ? b : b.to(dev);
+}
+
+// Router statistics summed over the micro-batches of a step.
+struct RouterAccum {
+  std::map<int64_t, std::vector<double>> counts;  // layer -> [E]
+  std::map<int64_t, double> entropy;               // layer -> sum of per-micro-batch means
+  int64_t batches = 0;
+  void add(const std::vector<RouterLayerStats>& st) {
+    for (const auto& l : st) {
+      auto& c = counts[l.layer];
+      c.resize(l.tokens_per_expert.size(), 0.0);
+      for (size_t e = 0; e < c.size(); ++e) c[e] += l.tokens_per_expert[e];
+      entropy[l.layer] += l.entropy;
+    }
+    ++batches;
+  }
+};
+
+class Trainer {
+ public:
+  explicit Trainer(const TrainConfig& cfg) : cfg_(cfg), run_dir_(cfg.logging.run_dir), device_(pick_device(cfg)),
+                                             ctx_(device_, static_cast<uint64_t>(cfg.training.seed)) {}
+  TrainResult run();
+
+ private:
+  void setup_model_();
+  void setup_optimizer_();
+  std::optional<std::string> resume_source_();
+  void resume_(const std::string& step_dir);
+  void train_step_(int64_t step);
+  void evaluate_(int64_t step);
+  std::string save_(int64_t step);
+  NamedTensors model_tensors_();
+  bool next_micro_batch_(MicroBatch& mb);
+  void refresh_plot_();
+
+  TrainConfig cfg_;
+  std::string run_dir_;
+  Device device_;
+  Context ctx_;
+  ModelConfig mc_;
+  ModelParams params_, grads_;
+  std::unique_ptr<Qwen3Model> model_;
+  std::unique_ptr<AdamW> opt_;
+  LrSchedule sched_;
+  TrainData data_;
+  std::unique_ptr<CheckpointManager> ckpt_;
+  std::unique_ptr<MetricsWriter> metrics_;
+  std::unique_ptr<TensorBoardWriter> tb_;
+  int64_t accum_ = 1;
+  int64_t step_ = 0;
+  int64_t consumed_tokens_ = 0, consumed_trained_ = 0, skipped_steps_ = 0;
+  double peak_flops_ = 0;
+  double time_in_steps_ = 0;
+  int64_t steps_timed_ = 0;
+  TrainResult result_;
+};
+
+void Trainer::setup_model_() {
+  mc_ = model_config_of(cfg_);
+  const DType dtype = device_.is_cuda() && cfg_.training.bf16 ? DType::kBF16 : DType::kF32;
+  if (!cfg_.model.path.empty()) {
+    LoadOptions lo;
+    lo.num_layers = cfg_.model.num_layers;
+    params_ = load_hf_checkpoint(cfg_.model.path, dtype, device_, lo);
+  } else {
+    params_ = ModelParams::allocate(mc_, dtype, device_);
+    init_params_random(params_, static_cast<uint64_t>(cfg_.training.seed), static_cast<float>(cfg_.model.init_method_std));
+  }
+  grads_ = allocate_gradients(mc_, device_);
+  ModelOptions mo;
+  mo.aux_coef = static_cast<float>(cfg_.model.moe_aux_loss_coeff / static_cast<double>(accum_));
+  mo.zloss_coef = static_cast<float>(cfg_.model.moe_z_loss_coeff / static_cast<double>(accum_));
+  mo.aux_type = parse_aux_loss_type(cfg_.model.moe_aux_loss_type);
+  mo.recompute = parse_recompute(cfg_.training.recompute_granularity);
+  mo.router_stats = cfg_.logging.log_expert_load;
+  model_ = std::make_unique<Qwen3Model>(params_, mo);
+}
+
+void Trainer::setup_optimizer_() {
+  std::map<std::string, Tensor> grad_of;
+  grads_.for_each([&](const std::string& n, Tensor& t) { grad_of[n] = t; });
+  std::vector<OptimParam> ps;
+  params_.for_each([&](const std::string& n, Tensor& t) {
+    auto it = grad_of.find(n);
+    MT_CHECK(it != grad_of.end(), "[train] no gradient tensor for parameter {}", n);
+    ps.push_back({n, t, it->second});
+  });
+  AdamWConfig ac;
+  ac.beta1 = cfg_.optimizer.adam_beta1;
+  ac.beta2 = cfg_.optimizer.adam_beta2;
+  ac.eps = cfg_.optimizer.adam_eps;
+  ac.weight_decay = cfg_.optimizer.weight_decay;
+  ac.no_decay_patterns = cfg_.optimizer.no_weight_decay;
+  ac.freeze_patterns = cfg_.model.freeze;
+  opt_ = std::make_unique<AdamW>(std::move(ps), ac);
+  if (!cfg_.model.freeze.empty()) {
+    MT_CHECK(opt_->num_frozen_elements() > 0, "[config] {}: model.freeze patterns match no parameter (names look like "
+             "model.layers.0.mlp.gate.weight)", cfg_.source);
+    MT_CHECK(opt_->num_trainable_elements() > 0, "[config] {}: model.freeze freezes every parameter", cfg_.source);
+  }
+  sched_.max_lr = cfg_.optimizer.lr;
+  sched_.min_lr = cfg_.optimizer.min_lr;
+  sched_.warmup_iters = cfg_.optimizer.lr_warmup_iters;
+  sched_.decay_iters = cfg_.decay_iters();
+  sched_.style = parse_lr_decay_style(cfg_.optimizer.lr_decay_style);
+  sched_.wsd_decay_iters = cfg_.optimizer.lr_wsd_decay_iters;
+  sched_.wsd_style = parse_wsd_decay_style(cfg_.optimizer.lr_wsd_decay_style);
+  sched_.validate();
+}
+
+NamedTensors Trainer::model_tensors_() {
+  NamedTensors out;
+  params_.for_each([&](const std::string& n, Tensor& t) { out.emplace_back(n, t); });
+  return out;
+}
+
+std::optional<std::string> Trainer::resume_source_() {
+  const std::string& load = cfg_.checkpoint.load;
+  if (load == "none") return std::nullopt;
+  if (!load.empty()) return CheckpointManager::resolve(load);
+  return ckpt_->latest();
+}
+
+void Trainer::resume_(const std::string& step_dir) {
+  MT_LOG_INFO("[train] resuming from {}", step_dir);
+  nlohmann::json st = CheckpointManager::load(step_dir, model_tensors_(), opt_->state_tensors());
+  step_ = st.at("step").get<int64_t>();
+  opt_->set_step_count(st.value("optimizer_step", step_));
+  consumed_tokens_ = st.value("consumed_tokens", int64_t{0});
+  consumed_trained_ = st.value("consumed_trained_tokens", int64_t{0});
+  skipped_steps_ = st.value("skipped_steps", int64_t{0});
+  if (st.contains("data") && !cfg_.data.mock_data == !st.value("mock_data", false)) data_.train->load_state(st["data"]);
+  else MT_FAIL("[train] checkpoint {} was written with different data settings (mock_data); use checkpoint.load=none", step_dir);
+  if (st.value("seed", cfg_.training.seed) != cfg_.training.seed)
+    MT_LOG_WARN("[train] the checkpoint was written with seed {}, this run uses {}", st.value("seed", int64_t{0}),
+                cfg_.training.seed);
+  MT_CHECK(step_ <= cfg_.training.train_iters, "[train] checkpoint {} is at step {}, beyond training.train_iters = {}",
+           step_dir, step_, cfg_.training.train_iters);
+}
+
+std::string Trainer::save_(int64_t step) {
+  nlohmann::json st;
+  st["optimizer_step"] = opt_->step_count();
+  st["consumed_tokens"] = consumed_tokens_;
+  st["consumed_trained_tokens"] = consumed_trained_;
+  st["skipped_steps"] = skipped_steps_;
+  st["seed"] = cfg_.training.seed;
+  st["mock_data"] = cfg_.data.mock_data;
+  st["data"] = data_.train->state();
+  st["scheduler"] = {{"lr_decay_style", cfg_.optimizer.lr_decay_style}, {"lr", sched_.lr_at(step)}};
+  // Random streams are counter-based: (seed, rank, purpose, step) names each one, so the seed and
+  // the step are the whole RNG state.
+  st["rng"] = {{"seed", cfg_.training.seed}, {"kind", "philox4x32 counter streams"}};
+  st["model_config"] = mc_.to_json();
+  result_.last_checkpoint = ckpt_->save(step, model_tensors_(), opt_->state_tensors(), st);
+  return result_.last_checkpoint;
+}
+
+bool Trainer::next_micro_batch_(MicroBatch& mb) {
+  mb = MicroBatch{};
+  for (int64_t r = 0; r < cfg_.training.micro_batch_size; ++r) {
+    MicroBatch row;
+    if (!data_.train->next(row)) return false;
+    append_micro_batch(mb, row);
+  }
+  return true;
+}
+
+void Trainer::train_step_(int64_t step) {
+  const auto t0 = Clock::now();
+  allocator_for(device_).reset_peaks();
+  std::vector<MicroBatch> mbs(static_cast<size_t>(accum_));
+  int64_t trained = 0, tokens = 0;
+  double flops = 0;
+  for (auto& mb : mbs) {
+    MT_CHECK(next_micro_batch_(mb), "[train] the training data ran out at step {}", step);
+    trained += mb.num_trained_tokens;
+    const int64_t real = static_cast<int64_t>(mb.tokens.size()) - mb.num_padding;
+    tokens += real;
+    flops += mc_.flops_per_token(mean_attended(mb)) * static_cast<double>(real);
+  }
+  // Every trained token of the global batch weighs 1 / N, so the accumulated CE is the global mean.
+  const float scale = 1.0f / static_cast<float>(std::max<int64_t>(trained, 1));
+  double ce = 0, aux = 0, z = 0;
+  RouterAccum router;
+  for (const auto& mb : mbs) {
+    ForwardResult r = model_->forward_backward(ctx_, to_batch(mb, scale, device_), grads_);
+    ce += r.ce, aux += r.aux, z += r.z;
+    router.add(r.router);
+  }
+  aux /= static_cast<double>(accum_), z /= static_cast<double>(accum_);
+  const double loss = ce + cfg_.model.moe_aux_loss_coeff * aux + cfg_.model.moe_z_loss_coeff * z;
+  const double lr = sched_.lr_at(step);
+  const double gnorm = opt_->grad_norm(ctx_);
+  const bool finite = std::isfinite(gnorm) && std::isfinite(loss);
+  const double clip = clip_coefficient(gnorm, cfg_.optimizer.clip_grad);
+  if (finite) {
+    opt_->step(ctx_, lr, clip);
+  } else {
+    ++skipped_steps_;
+    MT_LOG_WARN("[train] step {}: non-finite loss or gradient norm ({}, {}); update skipped", step, loss, gnorm);
+  }
+  zero_gradients(grads_);
+  ctx_.synchronize();
+  const double dt = seconds_since(t0);
+  consumed_tokens_ += tokens;
+  consumed_trained_ += trained;
+  if (step > result_.start_step + 1 || cfg_.training.train_iters == result_.start_step + 1) time_in_steps_ += dt, ++steps_timed_;
+
+  const double tflops = flops / dt / 1e12;
+  nlohmann::json rec = {{"type", "train"}, {"step", step}, {"loss", loss}, {"ce", ce}, {"aux", aux}, {"z", z},
+                        {"grad_norm", gnorm}, {"clip_coef", clip}, {"lr", lr}, {"tokens", tokens},
+                        {"trained_tokens", trained}, {"step_time_s", dt}, {"tokens_per_s", tokens / dt},
+                        {"tflops", tflops}, {"consumed_tokens", consumed_tokens_}, {"skipped_steps", skipped_steps_}};
+  if (peak_flops_ > 0) rec["mfu"] = flops / dt / peak_flops_;
+  const MemStats ms = allocator_for(device_).stats();
+  for (size_t c = 0; c < kNumMemCategories; ++c)
+    rec["memory"][mem_category_name(static_cast<MemCategory>(c))] = {{"current", ms.current[c]}, {"peak", ms.peak[c]}};
+  rec["memory"]["total"] = {{"current", ms.total_current}, {"peak", ms.total_peak}, {"reserved", ms.reserved}};
+  std::vector<std::pair<std::string, float>> tbv = {
+      {"train/loss", float(loss)}, {"train/ce", float(ce)}, {"train/grad_norm", float(gnorm)}, {"train/lr", float(lr)},
+      {"perf/tokens_per_s", float(tokens / dt)}, {"perf/tflops", float(tflops)}, {"perf/step_time_s", float(dt)},
+      {"memory/peak_gib", float(ms.total_peak / 1073741824.0)}};
+  if (mc_.is_moe()) tbv.push_back({"train/aux", float(aux)}), tbv.push_back({"train/z", float(z)});
+  if (peak_flops_ > 0) tbv.push_back({"perf/mfu", float(flops / dt / peak_flops_)});
+  if (!router.counts.empty()) {
+    nlohmann::json el = {{"layers", nlohmann::json::array()}, {"max_over_mean", nlohmann::json::array()},
+                         {"idle_experts", nlohmann::json::array()}, {"load_entropy", nlohmann::json::array()},
+                         {"router_entropy", nlohmann::json::array()}};
+    for (const auto& [layer, counts] : router.counts) {
+      const ExpertLoad s = summarize_expert_load(counts);
+      const double ent = router.entropy[layer] / static_cast<double>(router.batches);
+      el["layers"].push_back(layer);
+      el["max_over_mean"].push_back(s.max_over_mean);
+      el["idle_experts"].push_back(s.idle_experts);
+      el["load_entropy"].push_back(s.load_entropy);
+      el["router_entropy"].push_back(ent);
+      tbv.push_back({fmt::format("moe/max_over_mean/layer_{:02d}", layer), float(s.max_over_mean)});
+      tbv.push_back({fmt::format("moe/idle_experts/layer_{:02d}", layer), float(s.idle_experts)});
+      tbv.push_back({fmt::format("moe/router_entropy/layer_{:02d}", layer), float(ent)});
+    }
+    rec["expert_load"] = el;
+  }
+  metrics_->write(rec);
+  if (tb_) tb_->add_scalars(step, tbv), tb_->flush();
+  result_.last_loss = loss;
+
+  if (step % cfg_.logging.log_interval == 0 || step == cfg_.training.train_iters) {
+    ProgressLine p;
+    p.step = step, p.total_steps = cfg_.training.train_iters, p.loss = loss, p.aux = aux, p.z = z, p.lr = lr;
+    p.grad_norm = gnorm, p.tokens_per_s = tokens / dt, p.tflops = tflops, p.step_s = dt;
+    p.mfu = peak_flops_ > 0 ? flops / dt / peak_flops_ : 0;
+    const double avg = steps_timed_ > 0 ? time_in_steps_ / steps_timed_ : dt;
+    p.eta_s = avg * static_cast<double>(cfg_.training.train_iters - step);
+    MT_LOG_INFO("{}", p.str());
+  }
+}
+
+void Trainer::evaluate_(int64_t step) {
+  auto loader = open_valid_loader(cfg_, data_, mc_.vocab_size);
+  if (!loader || cfg_.training.eval_iters == 0) return;
+  const auto t0 = Clock::now();
+  std::vector<MicroBatch> mbs;
+  int64_t trained = 0;
+  for (int64_t i = 0; i < cfg_.training.eval_iters; ++i) {
+    MicroBatch mb;
+    bool ok = true;
+    for (int64_t r = 0; r < cfg_.training.micro_batch_size && ok; ++r) {
+      MicroBatch row;
+      ok = loader->next(row);
+      if (ok) append_micro_batch(mb, row);
+    }
+    if (mb.tokens.empty()) break;
+    trained += mb.num_trained_tokens;
+    mbs.push_back(std::move(mb));
+    if (!ok) break;
+  }
+  if (trained == 0) {
+    MT_LOG_WARN("[train] validation data has no trained tokens; skipping validation");
+    return;
+  }
+  const float scale = 1.0f / static_cast<float>(trained);
+  double ce = 0;
+  for (const auto& mb : mbs) ce += model_->forward(ctx_, to_batch(mb, scale, device_), Pass::kEval).ce;
+  const double ppl = std::exp(std::min(ce, 700.0));
+  metrics_->write({{"type", "valid"}, {"step", step}, {"loss", ce}, {"ppl", ppl}, {"batches", mbs.size()},
+                   {"trained_tokens", trained}, {"time_s", seconds_since(t0)}});
+  if (tb_) tb_->add_scalars(step, {{"valid/loss", float(ce)}, {"valid/ppl", float(ppl)}}), tb_->flush();
+  MT_LOG_INFO("validation at step {}: loss {:.4f} | ppl {:.3f} | {} micro-batches, {} tokens", step, ce, ppl, mbs.size(),
+              trained);
+  result_.last_valid_loss = ce;
+  refresh_plot_();
+}
+
+void Trainer::refresh_plot_() {
+  if (!cfg_.logging.plot) return;
+  write_training_svg(run_dir_ + "/training.svg", plot_data_from_metrics(read_metrics_file(metrics_->path())),
+                     fmt::format("{} ({} {})", run_dir_, cfg_.training.objective,
+                                 !cfg_.model.path.empty() ? cfg_.model.path : cfg_.model.preset + cfg_.model.config));
+}
+
+TrainResult Trainer::run() {
+  MT_CHECK(cfg_.training.objective == "pretrain" || cfg_.training.objective == "sft",
+           "[train] {}: training.objective '{}' is not implemented yet (pretrain and sft are)", cfg_.source,
+           cfg_.training.objective);
+  MT_CHECK(cfg_.parallel.expert_model_parallel_size == 1,
+           "[train] {}: parallel.expert_model_parallel_size = {} needs a multi-rank launch, which this build does not run yet",
+           cfg_.source, cfg_.parallel.expert_model_parallel_size);
+  fs::create_directories(run_dir_);
+  const std::string yaml = cfg_.to_yaml();
+  write_text_file(run_dir_ + "/resolved_config.yaml", yaml);
+  MT_LOG_INFO("resolved configuration ({} -> {}/resolved_config.yaml):\n{}", cfg_.source, run_dir_, yaml);
+  accum_ = cfg_.grad_accum_steps(1);
+  result_.run_dir = run_dir_;
+  setup_model_();
+  setup_optimizer_();
+  data_ = open_train_data(cfg_, mc_.vocab_size, run_dir_);
+  ckpt_ = std::make_unique<CheckpointManager>(cfg_.checkpoint_dir(), cfg_.checkpoint.keep_last);
+  if (auto src = resume_source_()) resume_(*src);
+  result_.start_step = step_;
+  peak_flops_ = device_peak_flops(ctx_.facts(), cfg_.logging.peak_tflops);
+  metrics_ = std::make_unique<MetricsWriter>(run_dir_ + "/metrics.jsonl", step_);
+  if (cfg_.logging.tensorboard) tb_ = std::make_unique<TensorBoardWriter>(cfg_.tensorboard_dir());
+  MT_LOG_INFO("[train] {} on {} | model {} ({} layers, {:.3f} B parameters, {:.3f} B active) | {} trainable, {} frozen",
+              cfg_.training.objective, device_.str(), mc_.model_type, mc_.num_hidden_layers, mc_.num_parameters() / 1e9,
+              mc_.num_active_parameters() / 1e9, opt_->num_trainable_elements(), opt_->num_frozen_elements());
+  MT_LOG_INFO("[train] data: {} | global batch {} x {} tokens = {} micro-batches of {} | steps {} -> {}", data_.description,
+              accum_ * cfg_.training.micro_batch_size, cfg_.training.seq_length, accum_, cfg_.training.micro_batch_size,
+              step_, cfg_.training.train_iters);
+
+  std::optional<StopSignal> stop;
+  if (cfg_.training.exit_signal_handler) stop.emplace();
+  int64_t last_saved = step_ > 0 ? step_ : -1, last_eval = -1;
+  while (step_ < cfg_.training.train_iters) {
+    const int64_t step = step_ + 1;
+    train_step_(step);
+    step_ = step;
+    result_.final_step = step;
+    if (cfg_.training.eval_interval > 0 && step % cfg_.training.eval_interval == 0) evaluate_(step), last_eval = step;
+    if (cfg_.checkpoint.save_interval > 0 && step % cfg_.checkpoint.save_interval == 0) save_(step), last_saved = step;
+    if (stop && stop->requested()) {
+      MT_LOG_WARN("[train] signal {} received: saving at step {} and exiting", stop->signal_number(), step);
+      if (last_saved != step) save_(step);
+      result_.reason = StopReason::kSignal;
+      return result_;
+    }
+    if (cfg_.training.exit_interval > 0 && step % cfg_.training.exit_interval == 0 && step < cfg_.training.train_iters) {
+      if (last_saved != step) save_(step);
+      MT_LOG_INFO("[train] exit_interval {} reached at step {}: checkpoint saved, exiting", cfg_.training.exit_interval, step);
+      result_.reason = StopReason::kExitInterval;
+      return result_;
+    }
+  }
+  result_.final_step = step_;
+  if (last_eval != step_) evaluate_(step_);
+  refresh_plot_();
+  if (last_saved != step_) save_(step_);
+  if (cfg_.checkpoint.export_hf) {
+    ExportOptions eo;
+    eo.dtype = DType::kBF16;
+    eo.source_dir = cfg_.model.path;
+    eo.tokenizer_dir = !cfg_.model.tokenizer.empty() ? cfg_.model.tokenizer : cfg_.model.path;
+    eo.overwrite = Overwrite::kReplace;
+    export_hf_checkpoint(params_, run_dir_ + "/hf", eo);
+    MT_LOG_INFO("[train] exported the final model to {}/hf", run_dir_);
+  }
+  MT_LOG_INFO("[train] done: {} steps, final loss {:.4f}{}", step_, result_.last_loss,
+              result_.last_valid_loss >= 0 ? fmt::format(", validation loss {:.4f}", result_.last_valid_loss) : "");
+  return result_;
+}
+
+}  // namespace
+
+TrainResult run_training(const TrainConfig& cfg) {
+  Trainer t(cfg);
+  return t.run();
+}
+
+}  // namespace moetrain

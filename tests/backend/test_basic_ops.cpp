@@ -1,0 +1,230 @@
+// CUDA vs CPU: utilities (cast, add_, scale_, sum_squares, fill_normal), embedding, RMSNorm,
+// matmul, RoPE, SwiGLU and AdamW, in f32 and bf16, at odd sizes and some Qwen3-30B-A3B widths.
+#include "backend_util.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/ops.h"
+
+namespace moetrain::test {
+namespace {
+
+const DType kDtypes[] = {DType::kF32, DType::kBF16};
+
+TEST(Backend, Utilities) {
+  MT_REQUIRE_GPU();
+  for (int64_t n : {1, 1001, 65536 * 3 + 7}) {
+    for (DType dt : kDtypes) {
+      const auto xv = randn(n, 11 + n);
+      // cast to the other dtype and back to f32
+      Pair x = input(xv, {n}, dt);
+      const DType other = dt == DType::kF32 ? DType::kBF16 : DType::kF32;
+      Pair y = output({n}, other);
+      ops::cast(gpu_ctx(), x.gpu, y.gpu);
+      y.cpu = x.cpu.to(other).to(DType::kF32);  // the CPU twin of the cast, through bf16 rounding
+      check("cast", std::string(dt_name(dt)) + "->" + dt_name(other), y, 0.0);
+
+      // add_: y += alpha * x
+      const auto yv = randn(n, 12 + n);
+      Pair acc = output({n}, dt, &yv);
+      ops::add_(gpu_ctx(), acc.gpu, x.gpu, -0.75f);
+      cpu::add_(cpu_ctx(), acc.cpu, x.cpu, -0.75f);
+      check("add_", "y", acc, dt == DType::kBF16 ? kTolBf16 : 1e-6);
+
+      // scale_
+      Pair sc = output({n}, dt, &yv);
+      ops::scale_(gpu_ctx(), sc.gpu, 1.5f);
+      cpu::scale_(cpu_ctx(), sc.cpu, 1.5f);
+      check("scale_", "y", sc, dt == DType::kBF16 ? kTolBf16 : 1e-7);
+
+      // sum_squares in fp64 on both sides: agreement to fp64 reordering
+      check_scalar("sum_squares", "n=" + std::to_string(n), ops::sum_squares(gpu_ctx(), x.gpu),
+                   cpu::sum_squares(cpu_ctx(), x.cpu), 1e-10);
+
+      // fill_normal: same Philox stream -> same values up to libm differences
+      RngStream st = cpu_ctx().rng(7, static_cast<uint64_t>(n));
+      Pair f = output({n}, dt);
+      ops::fill_normal(gpu_ctx(), f.gpu, 0.5f, 2.0f, st);
+      Tensor ref = Tensor::empty({n}, dt);
+      cpu::fill_normal(cpu_ctx(), ref, 0.5f, 2.0f, st);
+      f.cpu = ref.to(DType::kF32);
+      check("fill_normal", "t", f, dt == DType::kBF16 ? 4e-3 : 1e-6);
+    }
+  }
+}
+
+TEST(Backend, Embedding) {
+  MT_REQUIRE_GPU();
+  struct Case { int64_t V, H, T; int id_range; };
+  for (const Case c : {Case{1000, 300, 257, 40}, Case{4096, 2048, 128, 4096}, Case{7, 5, 1, 7}}) {
+    for (DType dt : kDtypes) {
+      std::vector<int32_t> ids(static_cast<size_t>(c.T));
+      std::mt19937 g(static_cast<uint32_t>(c.V + c.T));
+      for (auto& id : ids) id = static_cast<int32_t>(g() % c.id_range);  // small range -> repeated ids
+      Pair tab = input(randn(c.V * c.H, 21), {c.V, c.H}, dt);
+      Pair idp = input_ints(ids, {c.T});
+      Pair out = output({c.T, c.H}, dt);
+      ops::embedding_forward(gpu_ctx(), tab.gpu, idp.gpu, out.gpu);
+      cpu::embedding_forward(cpu_ctx(), tab.cpu, idp.cpu, out.cpu);
+      check("embedding_forward", "out", out, 0.0);  // a copy: exact
+
+      Pair dout = input(randn(c.T * c.H, 22), {c.T, c.H}, dt);
+      const auto init = randn(c.V * c.H, 23, 0.1f);
+      Pair dtab = output({c.V, c.H}, DType::kF32, &init);
+      ops::embedding_backward(gpu_ctx(), idp.gpu, dout.gpu, dtab.gpu);
+      cpu::embedding_backward(cpu_ctx(), idp.cpu, dout.cpu, dtab.cpu);
+      check("embedding_backward", "dtable", dtab, 1e-6);
+    }
+  }
+}
+
+TEST(Backend, RmsNorm) {
+  MT_REQUIRE_GPU();
+  struct Case { int64_t R, D; };
+  for (const Case c : {Case{37, 2048}, Case{1000, 128}, Case{5, 100}, Case{1, 1}}) {
+    for (DType dt : kDtypes) {
+      Pair x = input(randn(c.R * c.D, 31, 2.0f), {c.R, c.D}, dt);
+      Pair w = input(randu(c.D, 32, 0.5f, 1.5f), {c.D}, dt);
+      Pair y = output({c.R, c.D}, dt);
+      Pair rstd = output({c.R}, DType::kF32);
+      ops::rmsnorm_forward(gpu_ctx(), x.gpu, w.gpu, 1e-6f, y.gpu, rstd.gpu);
+      cpu::rmsnorm_forward(cpu_ctx(), x.cpu, w.cpu, 1e-6f, y.cpu, rstd.cpu);
+      check("rmsnorm_forward", "y", y, tol_for(dt));
+      check("rmsnorm_forward", "rstd", rstd, 1e-6);
+
+      Pair dy = input(randn(c.R * c.D, 33), {c.R, c.D}, dt);
+      Pair dx = output({c.R, c.D}, dt);
+      const auto init = randn(c.D, 34);
+      Pair dw = output({c.D}, DType::kF32, &init);
+      // Both sides use the CPU's rstd so the comparison isolates the backward.
+      Pair rs{rstd.cpu, rstd.cpu.to(Device::cuda(0))};
+      device_sync();
+      ops::rmsnorm_backward(gpu_ctx(), x.gpu, w.gpu, rs.gpu, dy.gpu, dx.gpu, dw.gpu);
+      cpu::rmsnorm_backward(cpu_ctx(), x.cpu, w.cpu, rs.cpu, dy.cpu, dx.cpu, dw.cpu);
+      check("rmsnorm_backward", "dx", dx, tol_for(dt));
+      check("rmsnorm_backward", "dw", dw, 1e-5);
+    }
+  }
+}
+
+TEST(Backend, Matmul) {
+  MT_REQUIRE_GPU();
+  struct Case { int64_t M, N, K; float alpha, beta; };
+  const Case cases[] = {{37, 53, 71, 1.0f, 0.0f}, {64, 128, 256, 0.5f, 1.0f}, {1, 1, 1, 1.0f, 0.0f},
+                        {5, 7, 0, 1.0f, 0.5f}, {256, 2048, 2048, 1.0f, 0.0f}};
+  for (const Case& c : cases) {
+    for (DType dt : kDtypes) {
+      for (int tr = 0; tr < 4; ++tr) {
+        if (c.M == 256 && tr != 1) continue;  // the big case once (x W^T, the linear layer)
+        const Trans ta = tr & 2 ? Trans::kYes : Trans::kNo, tb = tr & 1 ? Trans::kYes : Trans::kNo;
+        const Shape sa = ta == Trans::kNo ? Shape{c.M, c.K} : Shape{c.K, c.M};
+        const Shape sb = tb == Trans::kNo ? Shape{c.K, c.N} : Shape{c.N, c.K};
+        Pair a = input(randn(c.M * c.K, 41), sa, dt);
+        Pair b = input(randn(c.K * c.N, 42), sb, dt);
+        const auto init = randn(c.M * c.N, 43);
+        const std::vector<DType> outs = dt == DType::kF32 ? std::vector<DType>{DType::kF32}
+                                                          : std::vector<DType>{DType::kBF16, DType::kF32};
+        for (DType out_dt : outs) {
+          Pair cc = output({c.M, c.N}, out_dt, &init);
+          ops::matmul(gpu_ctx(), a.gpu, ta, b.gpu, tb, cc.gpu, c.alpha, c.beta);
+          cpu::matmul(cpu_ctx(), a.cpu, ta, b.cpu, tb, cc.cpu, c.alpha, c.beta);
+          const std::string what = std::string("c ") + (ta == Trans::kYes ? "T" : "N") +
+                                   (tb == Trans::kYes ? "T" : "N") + " M" + std::to_string(c.M) + " K" +
+                                   std::to_string(c.K);
+          check("matmul", what, cc, out_dt == DType::kBF16 ? kTolBf16 : 1e-5);
+        }
+      }
+    }
+  }
+  // Row-strided views: a and c are column slices of wider matrices (leading dimension > width).
+  for (DType dt : kDtypes) {
+    Pair a = input(randn(33 * 80, 44), {33, 80}, dt);
+    Pair b = input(randn(50 * 29, 45), {50, 29}, dt);
+    const auto init = randn(33 * 40, 46);
+    Pair c = output({33, 40}, DType::kF32, &init);
+    Tensor ag = a.gpu.slice(1, 10, 60), ac = a.cpu.slice(1, 10, 60);
+    Tensor cg = c.gpu.slice(1, 3, 32), ccpu = c.cpu.slice(1, 3, 32);
+    ops::matmul(gpu_ctx(), ag, Trans::kNo, b.gpu, Trans::kNo, cg, 1.0f, 0.0f);
+    cpu::matmul(cpu_ctx(), ac, Trans::kNo, b.cpu, Trans::kNo, ccpu, 1.0f, 0.0f);
+    // The whole matrix: columns outside the view must keep their initial values on both sides.
+    check("matmul", "row-strided views", c, 1e-5);
+  }
+}
+
+TEST(Backend, Rope) {
+  MT_REQUIRE_GPU();
+  struct Case { int64_t T, heads, d; };
+  for (const Case c : {Case{100, 5, 64}, Case{64, 32, 128}, Case{3, 1, 2}}) {
+    std::vector<int32_t> pos(static_cast<size_t>(c.T));
+    for (int64_t t = 0; t < c.T; ++t) pos[t] = static_cast<int32_t>((t * 7919) % 40960);  // up to 40k
+    for (DType dt : kDtypes) {
+      const int64_t n = c.T * c.heads * c.d;
+      Pair x = input(randn(n, 51), {c.T, c.heads, c.d}, dt);
+      Pair p = input_ints(pos, {c.T});
+      Pair y = output({c.T, c.heads, c.d}, dt);
+      ops::rope_forward(gpu_ctx(), x.gpu, p.gpu, 1e6f, y.gpu);
+      cpu::rope_forward(cpu_ctx(), x.cpu, p.cpu, 1e6f, y.cpu);
+      check("rope_forward", "y", y, dt == DType::kBF16 ? kTolBf16 : 1e-6);
+      Pair dx = output({c.T, c.heads, c.d}, dt);
+      ops::rope_backward(gpu_ctx(), x.gpu, p.gpu, 1e6f, dx.gpu);
+      cpu::rope_backward(cpu_ctx(), x.cpu, p.cpu, 1e6f, dx.cpu);
+      check("rope_backward", "dx", dx, dt == DType::kBF16 ? kTolBf16 : 1e-6);
+      // In place: y aliases x.
+      const auto xv = randn(n, 52);
+      Pair inpl = output({c.T, c.heads, c.d}, dt, &xv);
+      ops::rope_forward(gpu_ctx(), inpl.gpu, p.gpu, 1e6f, inpl.gpu);
+      Tensor src = inpl.cpu.clone();
+      cpu::rope_forward(cpu_ctx(), src, p.cpu, 1e6f, inpl.cpu);
+      check("rope_forward", "in place", inpl, dt == DType::kBF16 ? kTolBf16 : 1e-6);
+    }
+  }
+}
+
+TEST(Backend, SwiGlu) {
+  MT_REQUIRE_GPU();
+  struct Case { int64_t N, I; };
+  for (const Case c : {Case{129, 768}, Case{1, 1}, Case{33, 100}}) {
+    for (DType dt : kDtypes) {
+      Pair gu = input(randn(c.N * 2 * c.I, 61, 2.0f), {c.N, 2 * c.I}, dt);
+      Pair h = output({c.N, c.I}, dt);
+      ops::swiglu_forward(gpu_ctx(), gu.gpu, h.gpu);
+      cpu::swiglu_forward(cpu_ctx(), gu.cpu, h.cpu);
+      check("swiglu_forward", "h", h, dt == DType::kBF16 ? kTolBf16 : 1e-6);
+      Pair dh = input(randn(c.N * c.I, 62), {c.N, c.I}, dt);
+      Pair dgu = output({c.N, 2 * c.I}, dt);
+      ops::swiglu_backward(gpu_ctx(), gu.gpu, dh.gpu, dgu.gpu);
+      cpu::swiglu_backward(cpu_ctx(), gu.cpu, dh.cpu, dgu.cpu);
+      check("swiglu_backward", "dgu", dgu, dt == DType::kBF16 ? kTolBf16 : 1e-6);
+    }
+  }
+}
+
+TEST(Backend, AdamW) {
+  MT_REQUIRE_GPU();
+  const int64_t n = 10001;
+  for (int variant = 0; variant < 3; ++variant) {  // compute copy: none, f32, bf16
+    const auto w0 = randn(n, 71), m0 = randn(n, 72, 0.01f), v0 = randu(n, 73, 0.0f, 1e-4f);
+    Pair w = output({n}, DType::kF32, &w0), m = output({n}, DType::kF32, &m0), v = output({n}, DType::kF32, &v0);
+    const DType cdt = variant == 2 ? DType::kBF16 : DType::kF32;
+    Pair comp = variant ? output({n}, cdt) : Pair{};
+    ops::AdamWParams p;
+    p.lr = 1e-3f;
+    p.weight_decay = 0.1f;
+    p.grad_scale = 0.5f;
+    for (int step = 1; step <= 3; ++step) {
+      p.step = step;
+      Pair g = input(randn(n, 74 + step), {n}, DType::kF32);
+      Tensor none;
+      ops::adamw_step(gpu_ctx(), w.gpu, g.gpu, m.gpu, v.gpu, p, variant ? comp.gpu : none);
+      cpu::adamw_step(cpu_ctx(), w.cpu, g.cpu, m.cpu, v.cpu, p, variant ? comp.cpu : none);
+    }
+    check("adamw_step", "master", w, 1e-6);
+    check("adamw_step", "m", m, 1e-6);
+    check("adamw_step", "v", v, 1e-6);
+    if (variant) {
+      if (cdt == DType::kBF16) comp.cpu = comp.cpu.to(DType::kBF16).to(DType::kF32);
+      check("adamw_step", std::string("compute ") + dt_name(cdt), comp, cdt == DType::kBF16 ? 4e-3 : 1e-6);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace moetrain::test
