@@ -19,7 +19,7 @@
 namespace moetrain {
 namespace {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;  // keys in insertion order: role before content
 
 std::string read_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);

@@ -52,7 +52,7 @@ void LrSchedule::validate() const {
   MT_CHECK(warmup_iters >= 0, "[schedule] optimizer.lr_warmup_iters must be >= 0, got {}", warmup_iters);
   if (style != LrDecayStyle::kConstant) {
     MT_CHECK(decay_iters > warmup_iters,
-             "[schedule] optimizer.lr_decay_iters ({}) must exceed lr_warmup_iters ({}) for decay style {}",
+             "[schedule] optimizer.lr_decay_iters ({}; 0 means training.train_iters) must exceed lr_warmup_iters ({}) for decay style {}",
              decay_iters, warmup_iters, lr_decay_style_name(style));
   }
   if (style == LrDecayStyle::kWsd) {

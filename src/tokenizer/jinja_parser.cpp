@@ -312,7 +312,7 @@ class Parser {
       const Token& t = cur();
       if (t.type == Tok::kEnd) {
         if (ends.size() == 0) return body;
-        error(open_pos, std::string("this block is never closed (expected {% ") + *ends.begin() + " %})");
+        error(open_pos, std::string("this block is never closed (expected {% ") + *(ends.end() - 1) + " %})");
       }
       if (t.type == Tok::kText) {
         auto s = std::make_unique<Stmt>();

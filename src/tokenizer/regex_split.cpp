@@ -4,6 +4,8 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "tokenizer/regex_split.h"
 
+#include <cctype>
+
 #include <pcre2.h>
 
 #include "core/check.h"
@@ -92,11 +94,19 @@ std::string oniguruma_compatible_regex(std::string_view p) {
 RegexSplitter::RegexSplitter(const std::string& pattern, bool literal, SplitBehavior behavior,
                              bool invert, const std::string& where)
     : behavior_(behavior), invert_(invert) {
-  uint32_t opts = PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK;
-  if (literal) opts |= PCRE2_LITERAL;
+  uint32_t opts = PCRE2_UTF | PCRE2_UCP;
+  std::string adapted;
+  if (literal) {
+    for (char c : pattern) {  // escape every ASCII punctuation character
+      if (static_cast<unsigned char>(c) < 0x80 && !std::isalnum(static_cast<unsigned char>(c)))
+        adapted += '\\';
+      adapted += c;
+    }
+  } else {
+    adapted = oniguruma_compatible_regex(pattern);
+  }
   int err = 0;
   PCRE2_SIZE off = 0;
-  std::string adapted = literal ? pattern : oniguruma_compatible_regex(pattern);
   pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(adapted.data()), adapted.size(),
                                    opts, &err, &off, nullptr);
   if (!code)

@@ -7,6 +7,7 @@
 namespace moetrain::test {
 namespace {
 
+using ops::Trans;
 const DType kDtypes[] = {DType::kF32, DType::kBF16};
 
 TEST(Backend, Utilities) {
@@ -79,7 +80,7 @@ TEST(Backend, Embedding) {
 TEST(Backend, RmsNorm) {
   MT_REQUIRE_GPU();
   struct Case { int64_t R, D; };
-  for (const Case c : {Case{37, 2048}, Case{1000, 128}, Case{5, 100}, Case{1, 1}}) {
+  for (const Case c : {Case{37, 2048}, Case{1000, 128}, Case{5, 100}, Case{1, 3}}) {
     for (DType dt : kDtypes) {
       Pair x = input(randn(c.R * c.D, 31, 2.0f), {c.R, c.D}, dt);
       Pair w = input(randu(c.D, 32, 0.5f, 1.5f), {c.D}, dt);

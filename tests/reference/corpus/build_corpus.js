@@ -170,6 +170,17 @@ const edge = [
   'tab\tseparated\tvalues\t', '[1, 2, 3] {"a": 1}', '𠀀𠀁𪚥 CJK ext B', '\uE000 private use \uF8FF', '\uFFFD replacement', '\uFFFC',
 ];
 for (const e of edge) add(e, true);
+// Strings for the added-token flag variant (make_tokenizer_variants.js adds <mask> lstrip,
+// [SEP] rstrip, <both> lstrip+rstrip, "cat" single_word, "café" and "hello world" normalized).
+const flagParts = ['<mask>', ' <mask>', '\t <mask> ', '[SEP]', '[SEP]  \n', 'x[SEP] y', '<both>', '  <both>  ',
+  'cat', ' cat ', 'concat', 'cats', 'cat_', '_cat', 'cat.', '(cat)', 'café', 'cafe\u0301', 'CAFÉ', 'hello world',
+  'hello  world', 'Hello world', 'say hello world!', '<|im_start|>', 'x'];
+for (let i = 0; i < 300; ++i) {
+  let s = '';
+  const n = randInt(1, 6);
+  for (let k = 0; k < n; ++k) s += pick(flagParts) + pick(['', ' ', '  ', '\n', 'a']);
+  add(s, true);
+}
 
 // ---- fill up to minBytes with more header text, deterministically ------------------------------
 let total = records.reduce((a, r) => a + Buffer.byteLength(r), 0);

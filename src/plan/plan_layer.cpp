@@ -1,2 +1,0 @@
-// placeholder until the plan layer lands
-namespace moetrain {}

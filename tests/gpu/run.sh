@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# run.sh (on the GPU machine, from the repo root): runs gpu-bin/test_backend (staged by
+# prepare.sh) with the bundled libraries, writes logs to $OUT, and prints a short per-op table
+# last (max normalized error, comparisons, failures). Extra arguments go to the test binary,
+# e.g. --gtest_filter=Backend.Attention. Exit status is the test binary's.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+bin=${GPU_BIN:-$root/gpu-bin}
+out=${OUT:-/tmp/moetrain-gpu-out}
+mkdir -p "$out"
+export LD_LIBRARY_PATH="$bin/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+ldd "$bin/test_backend" > "$out/ldd.txt" 2>&1
+if grep -q "not found" "$out/ldd.txt"; then echo "unresolved libraries:"; grep "not found" "$out/ldd.txt"; fi
+cd "$root"
+start=$(date +%s)
+timeout "${TIMEOUT:-330}" "$bin/test_backend" --gtest_color=no "$@" > "$out/test_backend.log" 2>&1
+rc=$?
+echo "test_backend exit $rc after $(( $(date +%s) - start )) s; log: $out/test_backend.log"
+grep -E "^\[ +(FAILED|PASSED|SKIPPED) +\]|^\[ +OK +\]" "$out/test_backend.log" | tail -25
+grep -B2 -A6 "Failure" "$out/test_backend.log" | head -60
+# Per-op summary of the comparison table printed by the binary (rows: op output dtype shape err tol ok).
+awk '/^op +output +dtype/ {on = 1; next}
+     on && /^backend table:/ {summary = $0; on = 0; next}
+     on && NF >= 6 {op = $1; err = $(NF - 2); st = $NF; n[op]++; if (st == "FAIL") f[op]++;
+                    if (!(op in mx) || err + 0 > mx[op] + 0) mx[op] = err}
+     END {printf "\n%-24s %6s %6s %10s\n", "op", "cmp", "fail", "max.err";
+          for (o in n) printf "%-24s %6d %6d %10s\n", o, n[o], f[o] + 0, mx[o];
+          print summary}' "$out/test_backend.log" | tee "$out/summary.txt"
+exit $rc
