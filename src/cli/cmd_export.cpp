@@ -45,6 +45,7 @@ int run_export(int argc, char** argv) {
   opt.tokenizer_dir = tokenizer;
   if (tokenizer.empty() && fs::is_regular_file(fs::path(input) / "tokenizer.json")) opt.tokenizer_dir = input;
   opt.overwrite = overwrite ? Overwrite::kReplace : Overwrite::kRefuse;
+  check_output_dir(output, opt.overwrite);
   LoadOptions lo;
   lo.num_layers = num_layers;
   // Loading straight into the output dtype rounds once, exactly as converting at write time would.

@@ -49,6 +49,7 @@ int run_init(int argc, char** argv) {
   opt.max_shard_bytes = parse_byte_size(shard, "--max-shard-size");
   opt.tokenizer_dir = tokenizer;
   opt.overwrite = overwrite ? Overwrite::kReplace : Overwrite::kRefuse;
+  check_output_dir(output, opt.overwrite);
   MT_LOG_INFO("[init] {} model: {} layers, {:.3f}B parameters ({:.3f}B active), seed {}", cfg.model_type,
               cfg.num_hidden_layers, cfg.num_parameters() / 1e9, cfg.num_active_parameters() / 1e9, seed);
   // Values are drawn in f32 and rounded once, so a bf16 model equals the f32 one rounded.

@@ -11,7 +11,6 @@
 #include <fstream>
 
 #include "core/check.h"
-#include "core/log.h"
 
 namespace moetrain {
 
@@ -30,16 +29,20 @@ bool is_empty_dir(const fs::path& p) { return fs::is_directory(p) && fs::is_empt
 
 }  // namespace
 
+void check_output_dir(const std::string& final_dir, Overwrite ow) {
+  const fs::path f(final_dir);
+  if (!fs::exists(f)) return;
+  MT_CHECK(fs::is_directory(f), "[output] {} exists and is not a directory", final_dir);
+  MT_CHECK(ow == Overwrite::kReplace || is_empty_dir(f),
+           "[output] {} exists and is not empty; choose a new directory (or allow overwriting)", final_dir);
+}
+
 AtomicDir::AtomicDir(const std::string& final_dir, Overwrite ow) : ow_(ow) {
   MT_CHECK(!final_dir.empty(), "[output] empty output directory name");
   fs::path f = fs::absolute(fs::path(final_dir)).lexically_normal();
   if (f.has_filename() == false) f = f.parent_path();
   final_ = f.string();
-  if (fs::exists(f)) {
-    MT_CHECK(fs::is_directory(f), "[output] {} exists and is not a directory", final_);
-    MT_CHECK(ow == Overwrite::kReplace || is_empty_dir(f),
-             "[output] {} exists and is not empty; choose a new directory (or allow overwriting)", final_);
-  }
+  check_output_dir(final_, ow);
   fs::create_directories(f.parent_path());
   tmp_ = final_ + ".tmp-" + std::to_string(::getpid());
   std::error_code ec;

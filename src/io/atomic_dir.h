@@ -30,6 +30,9 @@ class AtomicDir {
   bool committed_ = false;
 };
 
+// The AtomicDir constructor's check alone, for callers that want to fail before long work.
+void check_output_dir(const std::string& final_dir, Overwrite ow);
+
 // Copies the files of `names` that exist in `src_dir` into `dst_dir`; returns those copied.
 std::vector<std::string> copy_files_if_present(const std::string& src_dir, const std::string& dst_dir,
                                                const std::vector<std::string>& names);

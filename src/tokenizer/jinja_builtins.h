@@ -3,6 +3,8 @@
 // dict). All raise EvalError on misuse; the interpreter adds the template location.
 #pragma once
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "tokenizer/jinja_value.h"
 
@@ -16,5 +18,23 @@ Value slice_value(const Value& obj, const Value& start, const Value& stop, const
 bool contains(const Value& container, const Value& item);   // Python `item in container`
 ValueList iterate(const Value& v);                          // for-loop items (dict -> keys)
 void add_globals(ValueDict& globals);
+
+// Shared helpers (jinja_string.cpp).
+inline std::string type_of(const Value& v) { return kind_name(v.kind); }
+const std::string& need_string(const Value* v, const char* what);  // EvalError unless a str
+int64_t need_int(const Value* v, const char* what);                 // EvalError unless an int/bool
+bool arg_bool(const CallArgs& a, size_t i, const char* name, bool def);
+std::vector<char32_t> to_cps(std::string_view s);
+std::string from_cps(const std::vector<char32_t>& cps, size_t b = 0, size_t e = std::string::npos);
+bool py_space(char32_t c);  // Python str.isspace() for one code point
+char32_t up(char32_t c);
+char32_t low(char32_t c);
+std::string map_case(const std::string& s, char32_t (*f)(char32_t));
+std::string py_strip(const std::string& s, const Value* chars, bool left, bool right);
+Value py_split(const std::string& s, const Value* sep, int64_t maxsplit);
+std::string py_replace(const std::string& s, const std::string& from, const std::string& to, int64_t count);
+std::string jinja_title(const std::string& s);  // the title filter (Python str.title() is a method)
+std::string capitalize(const std::string& s);
+Value string_method(const std::string& s, const std::string& name);  // bound str method or Undefined
 
 }  // namespace moetrain::jinja

@@ -172,7 +172,7 @@ Field make_field(const char* section, const char* key, S TrainConfig::*sp, T S::
 const std::vector<Field>& schema() {
   static const std::vector<Field> fields = {
       MT_KEY(model, path, "Hugging Face model directory (config.json, *.safetensors, tokenizer files) to start from"),
-      MT_KEY(model, preset, "random initialization from a preset: tiny-moe, tiny-dense, qwen3-30b-a3b, qwen3-0.6b"),
+      MT_KEY(model, preset, "random initialization from a preset: demo-moe, tiny-moe, tiny-dense, qwen3-30b-a3b, qwen3-0.6b"),
       MT_KEY(model, config, "random initialization from this config.json"),
       MT_KEY(model, num_layers, "override num_hidden_layers (> 0) for few-layer proxies"),
       MT_KEY(model, tokenizer, "tokenizer directory (tokenizer.json, tokenizer_config.json); defaults to model.path"),

@@ -149,3 +149,14 @@ TEST(Config, DocsListEveryKey) {
     EXPECT_NE(doc.find("| `" + key + "` |"), std::string::npos) << k << " is not documented in docs/config.md";
   }
 }
+
+TEST(Config, ExamplesParse) {
+  for (const char* name : {"demo.yaml", "qwen3_30b_a3b_sft_8k.yaml", "qwen3_30b_a3b_dpo_4k.yaml"}) {
+    const std::string path = std::string(MT_SOURCE_DIR) + "/examples/" + name;
+    EXPECT_NO_THROW(TrainConfig::load(path)) << path;
+  }
+  auto c = TrainConfig::load(std::string(MT_SOURCE_DIR) + "/examples/qwen3_30b_a3b_sft_8k.yaml");
+  EXPECT_EQ(c.training.seq_length, 8192);
+  EXPECT_EQ(c.parallel.expert_model_parallel_size, 8);
+  EXPECT_EQ(c.grad_accum_steps(8), 16);  // 128 / (1 x 8 ranks)
+}

@@ -1,0 +1,258 @@
+// Planner arithmetic against independent references: parameter counts against the model's real
+// tensors (allocated, or their expected shapes) and hand-computed totals; the activation replay
+// against the CPU allocator's per-category peaks while the real model runs forward + backward;
+// the persistent optimizer tensors against a real AdamW; hand-computed per-GPU bytes.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <random>
+
+#include "core/allocator.h"
+#include "core/context.h"
+#include "model/batch.h"
+#include "model/params.h"
+#include "model/qwen3_model.h"
+#include "optim/adamw.h"
+#include "plan/mem_trace.h"
+#include "plan/plan.h"
+
+namespace moetrain {
+namespace {
+
+int64_t numel(const Shape& s) {
+  int64_t n = 1;
+  for (auto d : s) n *= d;
+  return n;
+}
+
+// Groups of the expected shapes by name (an independent classification from the closed forms).
+ParamCounts counts_from_shapes(const ModelConfig& c) {
+  ParamCounts p;
+  for (const auto& [name, shape] : ModelParams::expected_shapes(c)) {
+    const int64_t n = numel(shape);
+    p.total += n;
+    if (name == "model.embed_tokens.weight") p.embed += n;
+    else if (name == "lm_head.weight") p.lm_head += n;
+    else if (name == "model.norm.weight") p.final_norm += n;
+    else if (name.find("_proj.weight") != std::string::npos && name.find("self_attn") != std::string::npos) p.attention += n;
+    else if (name.find("norm") != std::string::npos) p.norms += n;
+    else if (name.find("mlp.gate.weight") != std::string::npos) p.router += n;
+    else if (name.find("mlp.experts.") != std::string::npos) p.experts += n;
+    else p.dense_mlp += n;
+  }
+  return p;
+}
+
+std::vector<ModelConfig> all_configs() {
+  std::vector<ModelConfig> out;
+  for (const auto& n : ModelConfig::preset_names()) out.push_back(ModelConfig::preset(n));
+  const std::string dir = std::string(MT_SOURCE_DIR) + "/tests/reference/fixtures/model";
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (std::filesystem::exists(e.path() / "config.json")) out.push_back(ModelConfig::from_file((e.path() / "config.json").string()));
+  return out;
+}
+
+TEST(PlanCounts, ParameterGroupsEqualTheModelsTensorShapes) {
+  const auto cfgs = all_configs();
+  ASSERT_GE(cfgs.size(), 8u);  // 5 presets + 4 fixture config.json files
+  for (const auto& c : cfgs) {
+    const ParamCounts p = count_parameters(c), s = counts_from_shapes(c);
+    const std::string what = c.model_type + " H=" + std::to_string(c.hidden_size) + " L=" + std::to_string(c.num_hidden_layers);
+    EXPECT_EQ(p.total, s.total) << what;
+    EXPECT_EQ(p.embed, s.embed) << what;
+    EXPECT_EQ(p.lm_head, s.lm_head) << what;
+    EXPECT_EQ(p.final_norm, s.final_norm) << what;
+    EXPECT_EQ(p.attention, s.attention) << what;
+    EXPECT_EQ(p.norms, s.norms) << what;
+    EXPECT_EQ(p.router, s.router) << what;
+    EXPECT_EQ(p.experts, s.experts) << what;
+    EXPECT_EQ(p.dense_mlp, s.dense_mlp) << what;
+    EXPECT_EQ(p.total, c.num_parameters()) << what;
+    EXPECT_EQ(p.active, c.num_active_parameters()) << what;
+  }
+}
+
+TEST(PlanCounts, SmallModelsEqualAllocatedTensors) {
+  for (const auto& c : all_configs()) {
+    if (c.num_parameters() > 50'000'000) continue;  // qwen3-30b-a3b and qwen3-0.6b: shapes only
+    ModelParams p = ModelParams::allocate(c, DType::kBF16, Device::cpu());
+    int64_t n = 0;
+    p.for_each([&](const std::string&, const Tensor& t) { n += t.numel(); });
+    EXPECT_EQ(count_parameters(c).total, n) << c.model_type << " H=" << c.hidden_size;
+  }
+}
+
+TEST(PlanCounts, HandComputedTotals) {
+  // Qwen3-30B-A3B: 2 x 151936 x 2048 (embed, lm_head) + 2048 (final norm) + 48 x (18,874,368 attention
+  // + 4,352 norms + 262,144 router + 603,979,776 experts).
+  const ParamCounts q = count_parameters(ModelConfig::preset("qwen3-30b-a3b"));
+  EXPECT_EQ(q.total, 30'532'122'624);
+  EXPECT_EQ(q.active, 3'353'032'704);
+  EXPECT_EQ(q.experts, 28'991'029'248);
+  // Qwen3-0.6B: tied 151936 x 1024 + 1024 + 28 x (6,291,456 + 2,304 + 9,437,184).
+  EXPECT_EQ(count_parameters(ModelConfig::preset("qwen3-0.6b")).total, 596'049'920);
+}
+
+TEST(PlanCounts, FrozenPatternsCountMatchedTensors) {
+  const ModelConfig c = ModelConfig::preset("tiny-moe");
+  const ParamCounts p = count_parameters(c, {"*.mlp.experts.*"});
+  EXPECT_EQ(p.frozen, p.experts);
+  EXPECT_EQ(count_parameters(c, {"model.embed_tokens.weight"}).frozen, 256 * 64);
+}
+
+// Saved bytes per token per layer, by hand, for Qwen3-30B-A3B in bf16:
+// [T,H] x, a, h, b (4 x 2048) + q_raw, q, attn (3 x 4096) + k_raw, k, v (3 x 512) = 22,016 bf16;
+// routed rows xp, yp (2 x 8 x 2048) + gu (8 x 1536) + act (8 x 768) = 51,200 bf16;
+// f32: rstd_in, rstd_post (2) + q_rstd, lse (2 x 32) + k_rstd (4) + router logits, probs (2 x 128)
+// + topk idx, w, row_of, token_of (4 x 8) = 358 x 4 bytes.
+TEST(PlanTrace, SavedBytesPerTokenByHand) {
+  const ModelConfig c = ModelConfig::preset("qwen3-30b-a3b");
+  double sum = 0;
+  for (const auto& [name, b] : saved_tensors_per_token(c, true, 2, false)) sum += b;
+  EXPECT_EQ(sum, (22016 + 51200) * 2 + 358 * 4);
+  double with_z = 0;
+  for (const auto& [name, b] : saved_tensors_per_token(c, true, 2, true)) with_z += b;
+  EXPECT_EQ(with_z, sum + 4);
+  const ModelConfig d = ModelConfig::preset("qwen3-0.6b");  // dense: + gu, act (3 x 3072)
+  double dense = 0;
+  for (const auto& [name, b] : saved_tensors_per_token(d, false, 2, false)) dense += b;
+  EXPECT_EQ(dense, (4 * 1024 + 3 * 2048 + 3 * 1024 + 3 * 3072) * 2 + (2 + 16 + 8 + 16) * 4);
+}
+
+TEST(PlanTrace, ActivationPeakOfTheFullModelByHand) {
+  const ModelConfig c = ModelConfig::preset("qwen3-30b-a3b");
+  TraceShape s;
+  s.tokens = 4096;
+  s.expert_rows = 4096 * 8;
+  s.num_layers = 48;
+  s.vocab_local = c.vocab_size;
+  const TraceResult r = trace_micro_batch(c, s);
+  const double T = 4096;
+  const double per_layer = 147'864 * T + (128 * 4 + 129 * 4) + 2 * 128 * 4;  // + counts, offsets, router stats
+  const double head = T * 2048 * 2 * 2 + T * 151936 * 2 + 2 * T * 4;        // last out, final norm, logits, rstd, lse
+  const double batch = 4 * T * 4 + 2 * 4;                                   // tokens, positions, labels, weights, cu_seqlens
+  EXPECT_EQ(r.category_peak[static_cast<size_t>(MemCategory::kActivations)], 48 * per_layer + head + batch + 2 * 128 * 4);
+  EXPECT_EQ(r.peak_phase, "loss head backward");  // logits and dlogits live together
+}
+
+struct TraceCase {
+  const char* preset;
+  Recompute rc;
+  float z;
+  std::vector<int> docs;
+};
+
+// The replay must equal the CPU allocator's accounting while the real model runs.
+TEST(PlanTrace, ReplayEqualsTheAllocatorOnTheCpuModel) {
+  const std::vector<TraceCase> cases = {{"tiny-moe", Recompute::kNone, 0.0f, {7, 12, 1}},
+                                        {"tiny-moe", Recompute::kFull, 0.0f, {20}},
+                                        {"tiny-moe", Recompute::kNone, 0.01f, {5, 9}},
+                                        {"tiny-dense", Recompute::kNone, 0.0f, {13, 4}},
+                                        {"tiny-dense", Recompute::kFull, 0.0f, {17}}};
+  for (const auto& cs : cases) {
+    const ModelConfig cfg = ModelConfig::preset(cs.preset);
+    ModelParams p = ModelParams::allocate(cfg, DType::kF32, Device::cpu());
+    init_params_random(p, 7);
+    ModelParams g = allocate_gradients(cfg, Device::cpu());
+    std::mt19937 rng(3);
+    std::vector<std::vector<int32_t>> docs;
+    int64_t T = 0;
+    for (int n : cs.docs) {
+      docs.emplace_back();
+      for (int i = 0; i < n; ++i) docs.back().push_back(static_cast<int32_t>(rng() % cfg.vocab_size));
+      T += n;
+    }
+    const Batch batch = Batch::from_documents(docs);
+    ModelOptions mo;
+    mo.recompute = cs.rc;
+    mo.zloss_coef = cs.z;
+    Qwen3Model model(p, mo);
+    Context ctx;
+    Allocator& a = allocator_for(Device::cpu());
+    a.reset_peaks();
+    const MemStats before = a.stats();
+    model.forward_backward(ctx, batch, g);
+    const MemStats after = a.stats();
+
+    TraceShape s;
+    s.tokens = T;
+    s.expert_rows = T * cfg.num_experts_per_tok;
+    s.num_docs = static_cast<int64_t>(cs.docs.size());
+    s.num_layers = cfg.num_hidden_layers;
+    s.vocab_local = cfg.vocab_size;
+    s.dtype_bytes = 4;
+    s.batch_on_device = false;
+    s.aux_grad = cfg.is_moe() && cfg.router_aux_loss_coef > 0;
+    s.z_loss = cs.z != 0.0f;
+    s.recompute = cs.rc;
+    const TraceResult r = trace_micro_batch(cfg, s);
+    const std::string what = std::string(cs.preset) + " recompute " + recompute_name(cs.rc) + " z " + std::to_string(cs.z);
+    for (MemCategory c : {MemCategory::kActivations, MemCategory::kWorkspace}) {
+      const size_t i = static_cast<size_t>(c);
+      EXPECT_EQ(r.category_peak[i], static_cast<double>(after.peak[i] - before.current[i]))
+          << what << " category " << mem_category_name(c);
+    }
+    EXPECT_EQ(r.total_peak, static_cast<double>(after.total_peak - before.total_current)) << what;
+    EXPECT_EQ(after.total_current, before.total_current) << what;  // everything freed, as the replay ends
+  }
+}
+
+TEST(PlanMemory, PersistentBytesEqualARealAdamW) {
+  const ModelConfig cfg = ModelConfig::preset("tiny-moe");
+  const double n = static_cast<double>(cfg.num_parameters());
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    Allocator& a = allocator_for(Device::cpu());
+    const MemStats before = a.stats();
+    ModelParams p = ModelParams::allocate(cfg, dt, Device::cpu());
+    ModelParams g = allocate_gradients(cfg, Device::cpu());
+    std::vector<OptimParam> ps;
+    std::map<std::string, Tensor> gm;
+    g.for_each([&](const std::string& name, Tensor& t) { gm[name] = t; });
+    p.for_each([&](const std::string& name, Tensor& t) { ps.push_back({name, t, gm[name]}); });
+    AdamW opt(ps, AdamWConfig{});
+    const MemStats after = a.stats();
+    auto used = [&](MemCategory c) {
+      return static_cast<double>(after.current[static_cast<size_t>(c)] - before.current[static_cast<size_t>(c)]);
+    };
+    PlanInput in;
+    in.model = cfg;
+    Hardware hw = dt == DType::kF32 ? Hardware::preset("cpu") : Hardware::preset("h100");
+    const MemoryPlan m = plan_memory(in, hw);
+    for (MemCategory c : {MemCategory::kWeights, MemCategory::kGradients, MemCategory::kMaster, MemCategory::kOptimizer})
+      EXPECT_EQ(m.at_peak[static_cast<size_t>(c)], used(c)) << mem_category_name(c) << " " << dtype_name(dt);
+    EXPECT_EQ(used(MemCategory::kOptimizer), 8 * n);
+  }
+}
+
+TEST(PlanMemory, HandComputedQwen3On8GpusExpertParallel) {
+  // dp8 ep8, distributed optimizer: dense 1,541,093,376 params replicated (optimizer sharded by 8),
+  // experts 28,991,029,248 / 8 = 3,623,878,656 per GPU (expert data parallel 1, no sharding).
+  PlanInput in;
+  in.model = ModelConfig::preset("qwen3-30b-a3b");
+  in.layout = {8, 1, 1, 1, 8};
+  in.seq_length = 4096;
+  const Hardware hw = Hardware::preset("h200", 8);
+  const MemoryPlan m = plan_memory(in, hw);
+  auto cat = [&](MemCategory c) { return m.category_peak[static_cast<size_t>(c)]; };
+  const double local = 1'541'093'376.0 + 3'623'878'656.0, owned = 1'541'093'376.0 / 8 + 3'623'878'656.0;
+  EXPECT_EQ(cat(MemCategory::kWeights), 2 * local);
+  EXPECT_EQ(cat(MemCategory::kGradients), 4 * local);
+  EXPECT_EQ(cat(MemCategory::kMaster), 4 * owned);
+  EXPECT_EQ(cat(MemCategory::kOptimizer), 8 * owned);
+  // 8-bit AdamW: 2 bytes + 2 f32 absmax per 256 values; Muon: 4 bytes for 2-D hidden matrices.
+  in.optimizer = OptimizerKind::kAdamW8bit;
+  EXPECT_DOUBLE_EQ(plan_memory(in, hw).category_peak[static_cast<size_t>(MemCategory::kOptimizer)], (2 + 8.0 / 256) * owned);
+  in.optimizer = OptimizerKind::kMuon;
+  const ParamCounts p = count_parameters(in.model);
+  const double dense_muon = static_cast<double>(p.attention + p.router), dense_adam = 1'541'093'376.0 - dense_muon;
+  EXPECT_NEAR(plan_memory(in, hw).category_peak[static_cast<size_t>(MemCategory::kOptimizer)],
+              4 * 3'623'878'656.0 + (4 * dense_muon + 8 * dense_adam) / 8, 1.0);
+  in.optimizer = OptimizerKind::kAdamWOffload;
+  const MemoryPlan off = plan_memory(in, hw);
+  EXPECT_EQ(off.category_peak[static_cast<size_t>(MemCategory::kOptimizer)], 0);
+  EXPECT_EQ(off.category_peak[static_cast<size_t>(MemCategory::kMaster)], 0);
+  EXPECT_DOUBLE_EQ(off.host_per_node, 8 * (kHostProcessBytes + 16 * owned));
+}
+
+}  // namespace
+}  // namespace moetrain
