@@ -47,8 +47,10 @@ Context::Context(Device device, uint64_t seed, int rank)
   facts_.l2_bytes = static_cast<size_t>(p.l2CacheSize);
   MT_CHECK(p.major >= 8, "[context] {} has compute capability {}.{}; moetrain needs sm_80 or newer "
                          "(Ampere, Hopper)", p.name, p.major, p.minor);
+  // A blocking stream: it orders with the legacy default stream, so the synchronous copies in
+  // Tensor (cudaMemcpy/cudaMemset on the default stream) see this stream's finished work.
   cudaStream_t s;
-  MT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  MT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamDefault));
   stream_ = s;
   cublasHandle_t h;
   MT_CUBLAS_CHECK(cublasCreate(&h));

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "core/log.h"
 #include "tokenizer/bpe_tokenizer.h"
 
 namespace moetrain {
@@ -208,6 +209,12 @@ std::unique_ptr<Tokenizer> load_bpe_tokenizer(const std::string& path) {
     t.rstrip = r.opt_bool(a, path, "rstrip", false);
     t.special = r.opt_bool(a, path, "special", false);
     t.normalized = r.opt_bool(a, path, "normalized", !t.special);
+    // HF gives an added token that is also in the model vocabulary the vocabulary's id.
+    if (auto it = tok->vocab_.find(t.content); it != tok->vocab_.end() && it->second != t.id) {
+      MT_LOG_WARN("[tokenizer] {}: {} '{}' has id {} but model.vocab gives it {}; using {}",
+                  r.file(), path, t.content, t.id, it->second, it->second);
+      t.id = it->second;
+    }
     max_id = std::max(max_id, t.id);
     added_tokens.push_back(t);
   }
