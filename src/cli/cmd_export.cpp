@@ -50,8 +50,8 @@ int run_export(int argc, char** argv) {
   lo.num_layers = num_layers;
   // Loading straight into the output dtype rounds once, exactly as converting at write time would.
   ModelParams params = load_hf_checkpoint(input, opt.dtype, Device::cpu(), lo);
-  MT_LOG_INFO("[export] loaded {} ({} layers, {:.3f}B parameters)", input, params.config.num_hidden_layers,
-              params.config.num_parameters() / 1e9);
+  MT_LOG_INFO("[export] loaded {} ({} layers, {:.2f}M parameters)", input, params.config.num_hidden_layers,
+              params.config.num_parameters() / 1e6);
   export_hf_checkpoint(params, output, opt);
   return 0;
 }

@@ -50,8 +50,8 @@ int run_init(int argc, char** argv) {
   opt.tokenizer_dir = tokenizer;
   opt.overwrite = overwrite ? Overwrite::kReplace : Overwrite::kRefuse;
   check_output_dir(output, opt.overwrite);
-  MT_LOG_INFO("[init] {} model: {} layers, {:.3f}B parameters ({:.3f}B active), seed {}", cfg.model_type,
-              cfg.num_hidden_layers, cfg.num_parameters() / 1e9, cfg.num_active_parameters() / 1e9, seed);
+  MT_LOG_INFO("[init] {} model: {} layers, {:.2f}M parameters ({:.2f}M active), seed {}", cfg.model_type,
+              cfg.num_hidden_layers, cfg.num_parameters() / 1e6, cfg.num_active_parameters() / 1e6, seed);
   // Values are drawn in f32 and rounded once, so a bf16 model equals the f32 one rounded.
   ModelParams params = ModelParams::allocate(cfg, opt.dtype, Device::cpu());
   init_params_random(params, seed);
