@@ -9,7 +9,7 @@ DEB_PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   nlohmann-json3-dev libyaml-cpp-dev libcli11-dev libfmt-dev libpcre2-dev libutf8proc-dev
   libopenblas-dev libgtest-dev zlib1g-dev
-  nodejs npm
+  nodejs npm python3
   dict-freedict-eng-deu fortunes-min
 )
 

@@ -1,12 +1,14 @@
 // CUDA grouped expert GEMM with offsets read on the device (no host synchronization):
 // y[r] = x[r] W[e]^T for rows r in [offsets[e], offsets[e+1]); dx = dy W[e]; dw[e] += dy_e^T x_e.
 // A simple shared-memory tiled kernel (64x64 tiles, 4x4 outputs per thread, fp32 accumulation);
-// x, w, y, dy, dx share one dtype (bf16 or f32), dw is f32.
+// x, w, y, dy, dx share one dtype (bf16 or f32), dw is f32. bf16 with K, M multiples of 8 goes to
+// the tensor-core kernels of grouped_gemm_mma.cu; these simple kernels are the fallback.
 // A row tile that straddles experts is computed once per expert, each pass writing only its
 // rows. Rows at or past offsets[E] get zeros in y and dx, like the CPU twin. dw blocks own one
 // (expert, tile) each and sum that expert's rows in order: deterministic, no atomics.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/grouped_gemm_mma.cuh"
 
 namespace moetrain::cuda {
 
@@ -153,6 +155,13 @@ void grouped_matmul(Context& ctx, const Tensor& x, const Tensor& w, const Tensor
   const dim3 grid(static_cast<unsigned>((d.M + kBN - 1) / kBN), static_cast<unsigned>((d.N + kBM - 1) / kBM));
   need_dtype(w, x.dtype(), op, "w");
   need_dtype(y, x.dtype(), op, "y");
+  if (x.dtype() == DType::kBF16 && grouped_gemm_mma_supported(d.N, d.K, d.M, d.E, x.data_ptr(), w.data_ptr(),
+                                                               y.data_ptr())) {
+    grouped_gemm_mma_forward(ctx, static_cast<const __nv_bfloat16*>(x.data_ptr()),
+                             static_cast<const __nv_bfloat16*>(w.data_ptr()), offsets.data<int32_t>(),
+                             static_cast<int>(d.E), d.N, d.K, d.M, static_cast<__nv_bfloat16*>(y.data_ptr()));
+    return;
+  }
   MT_CUDA_DISPATCH(x.dtype(), T, op,
     gmm_rows_kernel<T, T, T, true><<<grid, kThreads, 0, stream_of(ctx)>>>(
         static_cast<const T*>(x.data_ptr()), static_cast<const T*>(w.data_ptr()), offsets.data<int32_t>(),
@@ -177,13 +186,27 @@ void grouped_matmul_backward(Context& ctx, const Tensor& x, const Tensor& w, con
     need_numel(dx, d.N * d.K, op, "dx");
     const dim3 grid(static_cast<unsigned>((d.K + kBN - 1) / kBN), static_cast<unsigned>((d.N + kBM - 1) / kBM));
     need_dtype(dx, x.dtype(), op, "dx");
-    MT_CUDA_DISPATCH(x.dtype(), T, op,
-      gmm_rows_kernel<T, T, T, false><<<grid, kThreads, 0, s>>>(
-          static_cast<const T*>(dy.data_ptr()), static_cast<const T*>(w.data_ptr()), offsets.data<int32_t>(),
-          static_cast<int>(d.E), d.N, d.M, d.K, static_cast<T*>(dx.data_ptr())));
-    check_launch(op);
+    if (x.dtype() == DType::kBF16 && grouped_gemm_mma_supported(d.N, d.K, d.M, d.E, dy.data_ptr(), w.data_ptr(),
+                                                                 dx.data_ptr())) {
+      grouped_gemm_mma_dx(ctx, static_cast<const __nv_bfloat16*>(dy.data_ptr()),
+                          static_cast<const __nv_bfloat16*>(w.data_ptr()), offsets.data<int32_t>(),
+                          static_cast<int>(d.E), d.N, d.K, d.M, static_cast<__nv_bfloat16*>(dx.data_ptr()));
+    } else {
+      MT_CUDA_DISPATCH(x.dtype(), T, op,
+        gmm_rows_kernel<T, T, T, false><<<grid, kThreads, 0, s>>>(
+            static_cast<const T*>(dy.data_ptr()), static_cast<const T*>(w.data_ptr()), offsets.data<int32_t>(),
+            static_cast<int>(d.E), d.N, d.M, d.K, static_cast<T*>(dx.data_ptr())));
+      check_launch(op);
+    }
   }
   if (!d.M || !d.K || !d.N) return;
+  if (x.dtype() == DType::kBF16 && grouped_gemm_mma_supported(d.N, d.K, d.M, d.E, x.data_ptr(), dy.data_ptr(),
+                                                               dw.data_ptr())) {
+    grouped_gemm_mma_dw(ctx, static_cast<const __nv_bfloat16*>(x.data_ptr()),
+                        static_cast<const __nv_bfloat16*>(dy.data_ptr()), offsets.data<int32_t>(),
+                        static_cast<int>(d.E), d.N, d.K, d.M, dw.data<float>());
+    return;
+  }
   const dim3 grid(static_cast<unsigned>((d.K + kBN - 1) / kBN), static_cast<unsigned>((d.M + kBM - 1) / kBM),
                   static_cast<unsigned>(d.E));
   MT_CUDA_DISPATCH(x.dtype(), T, op,
