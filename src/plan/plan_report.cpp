@@ -82,16 +82,17 @@ std::string format_plan(const PlanResult& r) {
 
 std::string format_search(const std::vector<PlanResult>& rs, size_t max_rows) {
   if (rs.empty()) return "no layout fits these GPUs (try more GPUs, full recompute or a lighter optimizer)\n";
-  std::string s = fmt::format("{:>3}  {:<28} {:<10} {:>5} {:>12} {:>12} {:>14} {:>10}\n", "#", "layout", "recompute",
+  std::string s = fmt::format("{:>3}  {:<40} {:<10} {:>5} {:>12} {:>12} {:>14} {:>10}\n", "#", "layout", "recompute",
                               "mbs", "GPU mem", "step", "tok/s/GPU", "total");
   for (size_t i = 0; i < rs.size() && i < max_rows; ++i) {
     const PlanResult& r = rs[i];
-    s += fmt::format("{:>3}  {:<28} {:<10} {:>5} {:>12} {:>10.1f} s {:>14.0f} {:>10.1f} h\n", i + 1, r.input.layout.str(),
+    s += fmt::format("{:>3}  {:<40} {:<10} {:>5} {:>12} {:>10.1f} s {:>14.0f} {:>10.1f} h\n", i + 1, r.input.layout.str(),
                      recompute_name(r.input.recompute), r.input.micro_batch_size,
                      fmt::format("{:.1f} GiB", r.memory.device_total / kGiB), r.time.step_time_s,
                      r.time.tokens_per_s_per_gpu, r.time.total_time_s / 3600);
   }
   if (rs.size() > max_rows) s += fmt::format("... {} more\n", rs.size() - max_rows);
+  s += "times use one MFU for every layout: communication of tp/pp/cp/ep is not modeled beyond the pipeline bubble\n";
   return s;
 }
 

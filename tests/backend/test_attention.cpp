@@ -23,6 +23,11 @@ TEST(Backend, Attention) {
       {{0, 100, 256}, 32, 4, 128},      // Qwen3-30B-A3B heads
       {{0, 1}, 2, 2, 40},               // a single token; d not a multiple of 32
       {{0, 16, 33, 40, 41, 90}, 6, 3, 96},
+      // Tensor-core path (bf16, d 64/128): documents crossing 64-key and 128-query tiles,
+      // one-token documents mid-tile, T not a multiple of the tiles.
+      {{0, 1, 130, 131, 400, 641}, 8, 2, 128},
+      {{0, 513}, 4, 1, 64},
+      {{0, 64, 128, 129, 257, 700}, 16, 2, 64},
   };
   for (const Case& c : cases) {
     const int64_t T = c.cu.back();

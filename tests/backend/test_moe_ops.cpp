@@ -159,6 +159,12 @@ TEST(Backend, GroupedMatmul) {
   std::mt19937 g(7);
   for (auto& x : many) x = static_cast<int32_t>(g() % 9 == 0 ? 0 : g() % 11);  // some zero-token experts
   const int32_t many_rows = std::accumulate(many.begin(), many.end(), 0);
+  // Qwen3-30B-A3B widths with E = 128 and uneven routing (tensor-core path, tiles of 128 rows):
+  // experts with 0, 1, 128, 129 and 300 rows, then random counts; 64 unused rows at the end.
+  std::vector<int32_t> real(128);
+  for (size_t e = 0; e < real.size(); ++e) real[e] = static_cast<int32_t>(g() % 7 == 0 ? 0 : g() % 40);
+  real[0] = 300, real[1] = 0, real[2] = 1, real[3] = 128, real[4] = 129;
+  const int32_t real_rows = std::accumulate(real.begin(), real.end(), 0);
   const Case cases[] = {
       {{5, 0, 70, 1, 0, 64, 3, 100}, 300, 100, 70},  // 243 used rows of 300: unused capacity tail
       {{0, 0, 257, 0}, 257, 48, 33},                  // all rows on one expert
@@ -166,6 +172,9 @@ TEST(Backend, GroupedMatmul) {
       {many, many_rows, 64, 48},                      // E = 128
       {qwen, 512, 2048, 1536},                        // Qwen widths: H = 2048 -> 2 x 768 (gate|up)
       {qwen, 512, 768, 2048},                         // and the down projection 768 -> 2048
+      {{130, 0, 1, 257, 60}, 500, 200, 72},           // partial k and column tiles, 52 unused rows
+      {real, real_rows + 64, 2048, 1536},             // E = 128 at Qwen widths
+      {real, real_rows + 64, 768, 2048},
   };
   for (const Case& c : cases) {
     const int64_t E = static_cast<int64_t>(c.counts.size());

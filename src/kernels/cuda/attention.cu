@@ -5,6 +5,8 @@
 // Backward (P recomputed from lse, D_i = dO_i . O_i): dq per query (same tiling as forward);
 // dk/dv per key (a block = 16 keys of one kv head, lanes own queries), summing the group's query
 // heads and later queries in a fixed order: deterministic, no atomics.
+// bf16 with head dim 64 or 128 goes to the tensor-core kernels of attention_flash.cu instead.
+#include "kernels/cuda/attention_flash.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 
@@ -306,7 +308,7 @@ Dims make_dims(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& 
            q.desc(), k.desc(), v.desc());
   need_dtype(k, q.dtype(), op, "k");
   need_dtype(v, q.dtype(), op, "v");
-  Dims D;
+  Dims D{};
   D.T = q.size(0);
   D.nh = q.size(1);
   D.d = q.size(2);
@@ -320,6 +322,12 @@ Dims make_dims(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& 
   D.ndocs = static_cast<int>(cu_seqlens.numel() - 1);
   D.scale = scale;
   return D;
+}
+
+FlashAttnProblem flash_problem(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu, const Dims& D) {
+  return FlashAttnProblem{static_cast<const __nv_bfloat16*>(q.data_ptr()), static_cast<const __nv_bfloat16*>(k.data_ptr()),
+                          static_cast<const __nv_bfloat16*>(v.data_ptr()), cu.data<int32_t>(), D.T, D.nh, D.nkv, D.d,
+                          D.ndocs, D.scale};
 }
 
 template <typename K>
@@ -343,6 +351,12 @@ void attention_forward(Context& ctx, const Tensor& q, const Tensor& k, const Ten
   need_numel(out, q.numel(), op, "out");
   need_numel(lse, D.nh * D.T, op, "lse");
   if (!D.T || !D.nh) return;
+  if (q.dtype() == DType::kBF16 &&
+      flash_attention_supported(D.d, {q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()})) {
+    flash_attention_forward(ctx, flash_problem(q, k, v, cu_seqlens, D), static_cast<__nv_bfloat16*>(out.data_ptr()),
+                            lse.data<float>());
+    return;
+  }
   const size_t smem = (2 * kTile * (D.d + 1) + kRows * D.d) * sizeof(float);
   const dim3 grid(static_cast<unsigned>((D.T + kRows - 1) / kRows), static_cast<unsigned>(D.nh));
   MT_CUDA_DISPATCH(q.dtype(), T, op,
@@ -375,6 +389,16 @@ void attention_backward(Context& ctx, const Tensor& q, const Tensor& k, const Te
   need_numel(dk, k.numel(), op, "dk");
   need_numel(dv, v.numel(), op, "dv");
   if (!D.T || !D.nh) return;
+  if (q.dtype() == DType::kBF16 &&
+      flash_attention_supported(D.d, {q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), dout.data_ptr(),
+                                      dq.data_ptr(), dk.data_ptr(), dv.data_ptr()})) {
+    using bf = __nv_bfloat16;
+    flash_attention_backward(ctx, flash_problem(q, k, v, cu_seqlens, D), static_cast<const bf*>(out.data_ptr()),
+                             lse.data<float>(), static_cast<const bf*>(dout.data_ptr()),
+                             static_cast<bf*>(dq.data_ptr()), static_cast<bf*>(dk.data_ptr()),
+                             static_cast<bf*>(dv.data_ptr()));
+    return;
+  }
   cudaStream_t s = stream_of(ctx);
   Tensor scratch = device_scratch(ctx, D.nh * D.T * 4);
   float* dsum = static_cast<float*>(scratch.data_ptr());

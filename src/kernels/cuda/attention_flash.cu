@@ -5,6 +5,9 @@
 // group's heads, f32 partials reduced in a fixed order): deterministic, no atomics.
 // Layouts: q/out/dout [T, nh, d], k/v [T, nkv, d], lse [nh, T] f32; d in {64, 128}.
 #include "kernels/cuda/attention_flash.cuh"
+
+#include <algorithm>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma_sm80.cuh"
 
@@ -118,7 +121,7 @@ __device__ __forceinline__ void gemm_pv(float (&out)[kD / 8][4], const float (&p
 struct QRows {
   int64_t r[2], beg[2];  // this thread's two rows (g, g+8) and their documents' first keys
   int64_t lo, hi;        // the warp's first and last valid row (hi < lo when none)
-  int64_t beg_hi;        // first key of hi's document (the largest begin among the warp's rows)
+  int64_t beg_lo, beg_hi;  // first keys of lo's and hi's documents (smallest and largest begins)
 };
 
 __device__ __forceinline__ QRows q_rows(const FlashArgs& a, int64_t t0, int warp) {
@@ -130,6 +133,7 @@ __device__ __forceinline__ QRows q_rows(const FlashArgs& a, int64_t t0, int warp
   }
   q.lo = t0 + warp * 16;
   q.hi = min(q.lo + 15, a.T - 1);
+  q.beg_lo = q.hi >= q.lo ? a.cu[doc_of(a.cu, a.ndocs, q.lo)] : 0;
   q.beg_hi = q.hi >= q.lo ? a.cu[doc_of(a.cu, a.ndocs, q.hi)] : 0;
   return q;
 }
@@ -180,7 +184,7 @@ __global__ void __launch_bounds__(32 * kFwdWarps, 1) attn_fwd_mma_kernel(FlashAr
     }
     mma::cp_async_commit();
     // Warp-uniform skip: every key of the tile is after every row, or before every row's document.
-    if (qr.hi < qr.lo || kt > qr.hi || kt + kBN <= qr.beg[0] + 0 * qr.lo) continue;
+    if (qr.hi < qr.lo || kt > qr.hi || kt + kBN <= qr.beg_lo) continue;
     const uint32_t bK = sK + (jt & 1) * kTile, bV = sV + (jt & 1) * kTile;
     float s[8][4];
     gemm_abt<kD>(s, sQ, warp * 16, bK);
@@ -289,7 +293,7 @@ __global__ void __launch_bounds__(32 * kFwdWarps, 1) attn_dq_mma_kernel(FlashArg
       load_rows<kD, kBN, 32 * kFwdWarps>(sV + nb * kTile, v, ks, kt + kBN, kend);
     }
     mma::cp_async_commit();
-    if (qr.hi < qr.lo || kt > qr.hi || kt + kBN <= qr.beg[0] + 0 * qr.lo) continue;
+    if (qr.hi < qr.lo || kt > qr.hi || kt + kBN <= qr.beg_lo) continue;
     const uint32_t bK = sK + (jt & 1) * kTile, bV = sV + (jt & 1) * kTile;
     float s[8][4], dp[8][4];
     gemm_abt<kD>(s, sQ, warp * 16, bK);
@@ -337,6 +341,7 @@ __global__ void __launch_bounds__(32 * kKvWarps, 2) attn_dkdv_mma_kernel(FlashAr
   }
   const int64_t wlo = j0 + warp * 16, whi = min(wlo + 15, a.T - 1);
   const int64_t wend_lo = wlo < a.T ? a.cu[doc_of(a.cu, a.ndocs, wlo) + 1] : 0;  // smallest doc end of the warp
+  const int64_t wend_hi = wlo < a.T ? a.cu[doc_of(a.cu, a.ndocs, whi) + 1] : 0;  // largest
   const int64_t h0 = g * a.group + split * a.heads_per_cta;
   const int qtiles = static_cast<int>((qend - j0 + kKvBM - 1) / kKvBM);
   const int total = qtiles * a.heads_per_cta;
@@ -364,7 +369,7 @@ __global__ void __launch_bounds__(32 * kKvWarps, 2) attn_dkdv_mma_kernel(FlashAr
     if (it + 1 < total) issue(it + 1);
     mma::cp_async_commit();
     // Warp-uniform skip: every query of the tile precedes every key, or is past every key's document.
-    if (wlo >= a.T || q0 + kKvBM - 1 < wlo || q0 >= qend) continue;
+    if (wlo >= a.T || q0 + kKvBM - 1 < wlo || q0 >= wend_hi) continue;
     const int b = it & 1;
     const uint32_t bQ = sQ + b * kTile, bG = sG + b * kTile;
     const float* L = sL + b * kKvBM;
