@@ -18,7 +18,7 @@ const char* trace_group_name(TraceGroup g) {
     case TraceGroup::kLayerTemp: return "layer temporaries";
     case TraceGroup::kBatch: return "batch tensors";
     case TraceGroup::kRouterStats: return "router statistics";
-    case TraceGroup::kDispatch: return "MoE dispatch buffers";
+    case TraceGroup::kDispatch: return "expert-parallel routed rows";
     case TraceGroup::kCount: break;
   }
   return "?";

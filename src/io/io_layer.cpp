@@ -1,2 +1,0 @@
-// placeholder until the io layer lands
-namespace moetrain {}
