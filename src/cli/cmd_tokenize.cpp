@@ -35,11 +35,11 @@ class RecordReader {
       MT_CHECK(file_.good(), "[tokenize] cannot open --input {}", a.input);
     }
   }
-  // Appends up to `max_records` records (or ~max_bytes); returns false at end of input.
+  // Appends up to `max_records` records (or ~max_bytes); returns whether any were appended.
   bool read(std::vector<std::string>& out, size_t max_records, size_t max_bytes) {
     std::istream& in = args_.input == "-" ? std::cin : file_;
     std::string line;
-    size_t bytes = 0;
+    size_t bytes = 0, before = out.size();
     while (out.size() < max_records && bytes < max_bytes && std::getline(in, line)) {
       ++line_no_;
       if (!args_.jsonl || args_.decode) {
@@ -61,7 +61,7 @@ class RecordReader {
       out.push_back(it->get<std::string>());
       bytes += out.back().size();
     }
-    return !out.empty();
+    return out.size() > before;
   }
   std::string name() const { return args_.input == "-" ? "<stdin>" : args_.input; }
   size_t line_no() const { return line_no_; }

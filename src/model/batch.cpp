@@ -50,6 +50,7 @@ Batch Batch::from_documents(const std::vector<std::vector<int32_t>>& docs, Devic
 }
 
 int64_t Batch::num_labelled() const {
+  if (!labels.device().is_cpu() && host) return host->num_labelled();
   Tensor l = labels.device().is_cpu() ? labels : labels.to(Device::cpu());
   const int32_t* p = l.data<int32_t>();
   int64_t n = 0;
@@ -71,9 +72,18 @@ void Batch::validate(int64_t vocab_size) const {
   MT_CHECK(cu_seqlens.defined() && cu_seqlens.dim() == 1 && cu_seqlens.numel() >= 2 &&
                cu_seqlens.dtype() == DType::kI32,
            "[batch] cu_seqlens must be a 1-D i32 tensor of docs+1 offsets");
-  // Host checks (cheap; batches are built on the host).
-  Tensor tok = tokens.to(Device::cpu()), pos = positions.to(Device::cpu()), cu = cu_seqlens.to(Device::cpu());
-  Tensor lab = labels.to(Device::cpu());
+  MT_CHECK(tokens.device() == positions.device() && tokens.device() == cu_seqlens.device() &&
+               tokens.device() == labels.device() && tokens.device() == loss_weights.device(),
+           "[batch] all batch tensors must be on one device (tokens are on {})", tokens.device().str());
+  // Value checks on the host: the CPU copy this batch was uploaded from when there is one.
+  const bool use_host = !tokens.device().is_cpu() && host;
+  if (use_host) {
+    MT_CHECK(host->num_tokens() == T && host->cu_seqlens.numel() == cu_seqlens.numel(),
+             "[batch] the host copy ({} tokens) does not describe this batch ({} tokens)", host->num_tokens(), T);
+  }
+  const Batch& src = use_host ? *host : *this;
+  Tensor tok = src.tokens.to(Device::cpu()), pos = src.positions.to(Device::cpu());
+  Tensor cu = src.cu_seqlens.to(Device::cpu()), lab = src.labels.to(Device::cpu());
   const int32_t* c = cu.data<int32_t>();
   MT_CHECK(c[0] == 0 && c[cu.numel() - 1] == T, "[batch] cu_seqlens must start at 0 and end at T={}, got {}..{}",
            T, c[0], c[cu.numel() - 1]);
@@ -98,6 +108,8 @@ void Batch::validate(int64_t vocab_size) const {
 
 Batch Batch::to(Device device) const {
   Batch b = *this;
+  if (tokens.device().is_cpu() && !device.is_cpu()) b.host = std::make_shared<const Batch>(*this);
+  if (device.is_cpu()) b.host.reset();
   b.tokens = tokens.to(device, MemCategory::kActivations);
   b.positions = positions.to(device, MemCategory::kActivations);
   b.cu_seqlens = cu_seqlens.to(device, MemCategory::kActivations);

@@ -5,6 +5,7 @@
 // sum_t w_t * CE_t and micro-batches add up to the global mean).
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "core/tensor.h"
@@ -20,6 +21,11 @@ struct Batch {
   int max_seqlen = 0;   // longest document
   Tensor labels;        // [T] i32, kIgnoreLabel where no loss
   Tensor loss_weights;  // [T] f32
+  // The CPU batch this one was uploaded from (set by to(device)): validation and label counting
+  // read it instead of the device copy, so a step needs no device-to-host read for them. Device
+  // tensors changed in place after the upload (DPO rewrites loss_weights) are not mirrored; only
+  // tokens, positions, cu_seqlens and labels are read from here.
+  std::shared_ptr<const Batch> host;
 
   int64_t num_tokens() const { return tokens.defined() ? tokens.numel() : 0; }
   int64_t num_docs() const { return cu_seqlens.defined() ? cu_seqlens.numel() - 1 : 0; }
@@ -32,9 +38,10 @@ struct Batch {
   static Batch from_documents(const std::vector<std::vector<int32_t>>& docs, Device device = Device::cpu(),
                               const std::vector<std::vector<uint8_t>>* loss_mask = nullptr,
                               float weight_scale = 0.0f);
-  // Number of labels != kIgnoreLabel (host read).
+  // Number of labels != kIgnoreLabel (from the host copy when there is one, else a device read).
   int64_t num_labelled() const;
-  // Checks shapes, dtypes and (host read) that cu_seqlens/positions describe the documents.
+  // Checks shapes and dtypes, and that ids are in the vocabulary and cu_seqlens/positions describe
+  // the documents: on the host copy when there is one, else by reading the device (synchronizes).
   void validate(int64_t vocab_size) const;
   Batch to(Device device) const;
 };

@@ -1,6 +1,7 @@
 // Decoder layer forward/backward over ops.h (SPEC.md section 2). Activations take the weights'
-// dtype (f32 on the CPU reference path, bf16 on CUDA); router logits, probabilities, norms'
-// rstd and every parameter gradient are f32. Backward mirrors forward op by op:
+// dtype (f32 on the CPU reference path, bf16 on CUDA); router logits (an f32-output GEMM),
+// probabilities, norms' rstd and every parameter gradient are f32; weight gradients are GEMMs
+// with compute-dtype inputs and an f32 output accumulated with beta = 1. Backward mirrors forward:
 //   attention: RMSNorm -> q/k/v proj -> per-head RMSNorm (q, k) -> RoPE -> attention -> o_proj
 //   dense FFN: RMSNorm -> gate|up proj -> SwiGLU -> down proj
 //   MoE FFN:   RMSNorm -> router -> top-k -> route index -> permute -> grouped gate|up ->
@@ -25,24 +26,43 @@ Tensor work_empty(const Shape& shape, DType dtype, Device dev) {
 namespace {
 
 // x [R, K] times W^T for W [N, K]: y [R, N].
-Tensor linear(Context& ctx, const Tensor& x, const Tensor& w, DType dt, Device dev, bool saved = true) {
-  Tensor y = saved ? act_empty({x.size(0), w.size(0)}, dt, dev) : work_empty({x.size(0), w.size(0)}, dt, dev);
+Tensor linear(Context& ctx, const Tensor& x, const Tensor& w, DType dt, Device dev) {
+  Tensor y = act_empty({x.size(0), w.size(0)}, dt, dev);
   ops::matmul(ctx, x, Trans::kNo, w, Trans::kYes, y);
   return y;
 }
 
-// Router logits must be f32 for router_topk; the matmul runs in the activation dtype.
-Tensor to_f32(Context& ctx, const Tensor& t) {
-  if (t.dtype() == DType::kF32) return t;
-  Tensor f = act_empty(t.shape(), DType::kF32, t.device());
-  ops::cast(ctx, t, f);
-  return f;
-}
 Tensor to_dtype(Context& ctx, const Tensor& t, DType dt) {
   if (t.dtype() == dt) return t;
   Tensor f = work_empty(t.shape(), dt, t.device());
   ops::cast(ctx, t, f);
   return f;
+}
+
+// Per-head RMSNorm over d, then RoPE (the order transformers' Qwen3 uses): q_raw, k_raw -> q, k.
+void qk_norm_rope(Context& ctx, const ModelConfig& cfg, const LayerParams& w, const Batch& batch, LayerActs& s,
+                  Tensor& q_rstd, Tensor& k_rstd) {
+  const int64_t T = s.q_raw.size(0), d = cfg.head_dim;
+  const int64_t nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
+  const DType dt = s.q_raw.dtype();
+  const Device dev = s.q_raw.device();
+  const float eps = static_cast<float>(cfg.rms_norm_eps), theta = static_cast<float>(cfg.rope_theta);
+  Tensor qn = work_empty({T * nh, d}, dt, dev), kn = work_empty({T * nkv, d}, dt, dev);
+  ops::rmsnorm_forward(ctx, s.q_raw.view({T * nh, d}), w.q_norm, eps, qn, q_rstd);
+  ops::rmsnorm_forward(ctx, s.k_raw.view({T * nkv, d}), w.k_norm, eps, kn, k_rstd);
+  s.q = act_empty({T, nh, d}, dt, dev);
+  s.k = act_empty({T, nkv, d}, dt, dev);
+  ops::rope_forward(ctx, qn.view({T, nh, d}), batch.positions, theta, s.q);
+  ops::rope_forward(ctx, kn.view({T, nkv, d}), batch.positions, theta, s.k);
+}
+
+// softmax(q k^T / sqrt(d) + causal document mask) v -> attn, lse.
+void attention_core(Context& ctx, const ModelConfig& cfg, const Batch& batch, LayerActs& s) {
+  const int64_t T = s.q.size(0), d = cfg.head_dim, nh = cfg.num_attention_heads;
+  s.attn = act_empty({T, nh, d}, s.q.dtype(), s.q.device());
+  s.lse = act_empty({nh, T}, DType::kF32, s.q.device());
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  ops::attention_forward(ctx, s.q, s.k, s.v, batch.cu_seqlens, batch.max_seqlen, scale, s.attn, s.lse);
 }
 
 void attention_forward_part(Context& ctx, const ModelConfig& cfg, const LayerParams& w, const Batch& batch,
@@ -52,7 +72,6 @@ void attention_forward_part(Context& ctx, const ModelConfig& cfg, const LayerPar
   const DType dt = x.dtype();
   const Device dev = x.device();
   const float eps = static_cast<float>(cfg.rms_norm_eps);
-  const float theta = static_cast<float>(cfg.rope_theta);
 
   s.x = x;
   s.a = act_empty({T, H}, dt, dev);
@@ -62,26 +81,14 @@ void attention_forward_part(Context& ctx, const ModelConfig& cfg, const LayerPar
   s.q_raw = linear(ctx, s.a, w.q_proj, dt, dev).view({T, nh, d});
   s.k_raw = linear(ctx, s.a, w.k_proj, dt, dev).view({T, nkv, d});
   s.v = linear(ctx, s.a, w.v_proj, dt, dev).view({T, nkv, d});
-
-  // Per-head RMSNorm over d, then RoPE (the order transformers' Qwen3 uses).
-  Tensor qn = work_empty({T * nh, d}, dt, dev), kn = work_empty({T * nkv, d}, dt, dev);
   s.q_rstd = act_empty({T * nh}, DType::kF32, dev);
   s.k_rstd = act_empty({T * nkv}, DType::kF32, dev);
-  ops::rmsnorm_forward(ctx, s.q_raw.view({T * nh, d}), w.q_norm, eps, qn, s.q_rstd);
-  ops::rmsnorm_forward(ctx, s.k_raw.view({T * nkv, d}), w.k_norm, eps, kn, s.k_rstd);
-  s.q = act_empty({T, nh, d}, dt, dev);
-  s.k = act_empty({T, nkv, d}, dt, dev);
-  ops::rope_forward(ctx, qn.view({T, nh, d}), batch.positions, theta, s.q);
-  ops::rope_forward(ctx, kn.view({T, nkv, d}), batch.positions, theta, s.k);
+  qk_norm_rope(ctx, cfg, w, batch, s, s.q_rstd, s.k_rstd);
+  attention_core(ctx, cfg, batch, s);
 
-  s.attn = act_empty({T, nh, d}, dt, dev);
-  s.lse = act_empty({nh, T}, DType::kF32, dev);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  ops::attention_forward(ctx, s.q, s.k, s.v, batch.cu_seqlens, batch.max_seqlen, scale, s.attn, s.lse);
-
-  // h = x + attn Wo^T
+  // h = x + attn Wo^T (the copy runs on the stream as a same-dtype cast)
   s.h = act_empty({T, H}, dt, dev);
-  s.h.copy_from(x);
+  ops::cast(ctx, x, s.h);
   ops::matmul(ctx, s.attn.view({T, nh * d}), Trans::kNo, w.o_proj, Trans::kYes, s.h, 1.0f, 1.0f);
 }
 
@@ -93,7 +100,7 @@ Tensor dense_ffn_forward(Context& ctx, const LayerParams& w, LayerActs& s) {
   s.gu = linear(ctx, s.b, w.mlp_gate_up, dt, dev);
   s.act = act_empty({T, I}, dt, dev);
   ops::swiglu_forward(ctx, s.gu, s.act);
-  return linear(ctx, s.act, w.mlp_down, dt, dev, /*saved=*/false);
+  return linear(ctx, s.act, w.mlp_down, dt, dev);  // becomes the layer output
 }
 
 Tensor moe_ffn_forward(Context& ctx, const ModelConfig& cfg, const LayerParams& w, const LayerSettings& set,
@@ -102,14 +109,16 @@ Tensor moe_ffn_forward(Context& ctx, const ModelConfig& cfg, const LayerParams& 
   const int64_t k = cfg.num_experts_per_tok, I = cfg.moe_intermediate_size;
   const DType dt = s.b.dtype();
   const Device dev = s.b.device();
-  s.router_logits = to_f32(ctx, linear(ctx, s.b, w.router, dt, dev));
+  // Router logits straight out of the GEMM in f32 (no rounding to the compute dtype).
+  s.router_logits = act_empty({T, E}, DType::kF32, dev);
+  ops::matmul(ctx, s.b, Trans::kNo, w.router, Trans::kYes, s.router_logits);
   s.probs = act_empty({T, E}, DType::kF32, dev);
   s.topk_idx = act_empty({T, k}, DType::kI32, dev);
   s.topk_w = act_empty({T, k}, DType::kF32, dev);
   ops::router_topk(ctx, s.router_logits, static_cast<int>(k), cfg.norm_topk_prob, s.probs, s.topk_idx, s.topk_w);
   if (set.z_loss) {
     s.z_lse = act_empty({T}, DType::kF32, dev);
-    ops::router_zloss_forward(ctx, s.router_logits, s.z_lse);
+    logsumexp_rows(ctx, s.router_logits, s.z_lse);  // the model sums lse^2 on the device
   }
   s.counts = act_empty({E}, DType::kI32, dev);
   s.offsets = act_empty({E + 1}, DType::kI32, dev);
@@ -124,7 +133,7 @@ Tensor moe_ffn_forward(Context& ctx, const ModelConfig& cfg, const LayerParams& 
   ops::swiglu_forward(ctx, s.gu, s.act);
   s.yp = act_empty({T * k, H}, dt, dev);
   ops::grouped_matmul(ctx, s.act, w.experts_down, s.offsets, s.yp);
-  Tensor y = work_empty({T, H}, dt, dev);
+  Tensor y = act_empty({T, H}, dt, dev);  // becomes the layer output
   ops::moe_unpermute(ctx, s.yp, s.row_of, s.topk_w, y);
   return y;
 }
@@ -175,7 +184,7 @@ void moe_ffn_backward(Context& ctx, const ModelConfig& cfg, const LayerParams& w
   if (rg.z_scale != 0.0f) ops::router_zloss_backward(ctx, s.router_logits, s.z_lse, rg.z_scale, dlogits);
   Tensor dl = to_dtype(ctx, dlogits, dt);
   ops::matmul(ctx, dl, Trans::kNo, w.router, Trans::kNo, db, 1.0f, 1.0f);          // [T,E] x [E,H]
-  ops::matmul(ctx, dlogits, Trans::kYes, s.b, Trans::kNo, g.router, 1.0f, 1.0f);   // [E,T] x [T,H]
+  ops::matmul(ctx, dl, Trans::kYes, s.b, Trans::kNo, g.router, 1.0f, 1.0f);        // [E,T] x [T,H], f32 +=
 }
 
 void attention_backward_part(Context& ctx, const ModelConfig& cfg, const LayerParams& w, LayerParams& g,
@@ -234,10 +243,8 @@ Tensor decoder_layer_forward(Context& ctx, const ModelConfig& cfg, const LayerPa
   s.b = act_empty({T, H}, dt, dev);
   s.rstd_post = act_empty({T}, DType::kF32, dev);
   ops::rmsnorm_forward(ctx, s.h, w.post_norm, static_cast<float>(cfg.rms_norm_eps), s.b, s.rstd_post);
-  Tensor y = w.sparse ? moe_ffn_forward(ctx, cfg, w, set, s) : dense_ffn_forward(ctx, w, s);
-  Tensor out = act_empty({T, H}, dt, dev);
-  out.copy_from(s.h);
-  ops::add_(ctx, out, y);
+  Tensor out = w.sparse ? moe_ffn_forward(ctx, cfg, w, set, s) : dense_ffn_forward(ctx, w, s);
+  ops::add_(ctx, out, s.h);  // out = h + FFN(b)
   return out;
 }
 
@@ -258,6 +265,41 @@ void decoder_layer_backward(Context& ctx, const ModelConfig& cfg, const LayerPar
   ops::add_(ctx, dout, dh_part);  // dout now holds d(loss)/d(h)
   dh_part = Tensor();
   attention_backward_part(ctx, cfg, w, g, batch, s, dout);
+}
+
+void drop_recomputable(LayerActs& s) {
+  s.a = s.q = s.k = s.attn = s.lse = s.b = s.act = s.xp = Tensor();
+}
+
+void restore_recomputed(Context& ctx, const ModelConfig& cfg, const LayerParams& w, const Batch& batch, LayerActs& s) {
+  MT_CHECK(s.x.defined() && s.h.defined() && s.gu.defined(), "[decoder_layer] selective recompute without the saved "
+           "layer input, residual and gate|up activations");
+  const int64_t T = s.x.size(0), H = cfg.hidden_size;
+  const DType dt = s.x.dtype();
+  const Device dev = s.x.device();
+  const float eps = static_cast<float>(cfg.rms_norm_eps);
+  // rstd outputs are recomputed too (equal to the saved ones) into scratch.
+  Tensor rstd = work_empty({T}, DType::kF32, dev);
+  s.a = act_empty({T, H}, dt, dev);
+  ops::rmsnorm_forward(ctx, s.x, w.input_norm, eps, s.a, rstd);
+  Tensor q_rstd = work_empty(s.q_rstd.shape(), DType::kF32, dev), k_rstd = work_empty(s.k_rstd.shape(), DType::kF32, dev);
+  qk_norm_rope(ctx, cfg, w, batch, s, q_rstd, k_rstd);
+  attention_core(ctx, cfg, batch, s);
+  s.b = act_empty({T, H}, dt, dev);
+  ops::rmsnorm_forward(ctx, s.h, w.post_norm, eps, s.b, rstd);
+  if (w.sparse) {
+    s.xp = act_empty({s.token_of.size(0), H}, dt, dev);
+    ops::moe_permute(ctx, s.b, s.token_of, s.xp);
+  }
+  s.act = act_empty({s.gu.size(0), s.gu.size(1) / 2}, dt, dev);
+  ops::swiglu_forward(ctx, s.gu, s.act);
+}
+
+void logsumexp_rows(Context& ctx, const Tensor& logits, Tensor& lse) {
+  const int64_t R = logits.size(0);
+  Tensor label0 = Tensor::zeros({R}, DType::kI32, logits.device(), MemCategory::kWorkspace);
+  Tensor unused = work_empty({R}, DType::kF32, logits.device());
+  ops::cross_entropy_forward(ctx, logits, label0, Tensor(), unused, lse);
 }
 
 }  // namespace moetrain

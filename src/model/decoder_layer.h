@@ -14,24 +14,30 @@
 
 namespace moetrain {
 
-// Saved activations of one layer (T tokens, k = top-k, Tk = T*k permuted rows).
+// Activations of one layer (T tokens, k = top-k, Tk = T*k permuted rows). Forward fills every
+// field; what stays saved until backward depends on the recompute policy:
+//   kNone: all of them;  kFull: x only (the layer's forward re-runs inside backward);
+//   kSelective: all but the fields marked [S], which restore_recomputed() rebuilds in backward
+//   from the saved ones: the attention core (attention_forward from q, k, v), SwiGLU (from gu)
+//   and the cheap elementwise outputs feeding them (RMSNorms, q/k norm + RoPE, the permutation).
+//   No matmul is repeated; the rebuilt tensors are bit-identical (every op is deterministic).
 struct LayerActs {
   Tensor x;                 // [T,H] layer input (the residual stream)
-  Tensor a, rstd_in;        // [T,H] input RMSNorm output, [T] f32
+  Tensor a, rstd_in;        // [S] [T,H] input RMSNorm output, [T] f32
   Tensor q_raw, q_rstd;     // [T,nh,d] before q_norm, [T*nh] f32
   Tensor k_raw, k_rstd;     // [T,nkv,d] before k_norm, [T*nkv] f32
-  Tensor q, k, v;           // [T,nh,d], [T,nkv,d] after norm + RoPE; [T,nkv,d]
-  Tensor attn, lse;         // [T,nh,d] attention output, [nh,T] f32
+  Tensor q, k, v;           // [S] [T,nh,d], [S] [T,nkv,d] after norm + RoPE; [T,nkv,d]
+  Tensor attn, lse;         // [S] [T,nh,d] attention output, [S] [nh,T] f32
   Tensor h;                 // [T,H] after the attention residual
-  Tensor b, rstd_post;      // [T,H] post-attention RMSNorm output, [T] f32
-  Tensor gu, act;           // dense: [T,2I], [T,I]; MoE: [Tk,2I], [Tk,I] (expert-contiguous rows)
+  Tensor b, rstd_post;      // [S] [T,H] post-attention RMSNorm output, [T] f32
+  Tensor gu, act;           // dense: [T,2I], [S] [T,I]; MoE: [Tk,2I], [S] [Tk,I] (expert-contiguous)
   // MoE only
   Tensor router_logits;     // [T,E] f32
   Tensor probs;             // [T,E] f32 softmax of router_logits
   Tensor topk_idx, topk_w;  // [T,k] i32, [T,k] f32
   Tensor counts, offsets;   // [E] i32, [E+1] i32 (device-side grouping)
   Tensor row_of, token_of;  // [Tk] i32
-  Tensor xp, yp;            // [Tk,H] permuted expert inputs / expert outputs (before weights)
+  Tensor xp, yp;            // [S] [Tk,H] permuted expert inputs; [Tk,H] expert outputs (unweighted)
   Tensor z_lse;             // [T] f32 logsumexp of router logits (z-loss on)
   void clear() { *this = LayerActs(); }
 };
@@ -57,7 +63,16 @@ Tensor decoder_layer_forward(Context& ctx, const ModelConfig& cfg, const LayerPa
 void decoder_layer_backward(Context& ctx, const ModelConfig& cfg, const LayerParams& w, LayerParams& g,
                             const Batch& batch, const LayerActs& s, const RouterLossGrad& rg, Tensor& dout);
 
-// Helpers shared with the model: an activation-category tensor like `like`'s device.
+// Recompute::kSelective: drop the [S] fields of LayerActs after forward, and rebuild them (as
+// activations) before backward.
+void drop_recomputable(LayerActs& s);
+void restore_recomputed(Context& ctx, const ModelConfig& cfg, const LayerParams& w, const Batch& batch, LayerActs& s);
+
+// Row-wise logsumexp of f32 logits [R,C] into lse [R] f32 on the device without a host read
+// (cross_entropy_forward against label 0; its losses are discarded).
+void logsumexp_rows(Context& ctx, const Tensor& logits, Tensor& lse);
+
+// Helpers shared with the model: uninitialized tensors of category activations / workspace.
 Tensor act_empty(const Shape& shape, DType dtype, Device dev);
 Tensor work_empty(const Shape& shape, DType dtype, Device dev);
 

@@ -1,8 +1,9 @@
-// Qwen3Model: embedding -> decoder layers -> final RMSNorm -> lm_head -> weighted CE, plus the
-// router losses and router health statistics, and the mirrored backward (SPEC.md sections 2-3).
-// Saved state lives in the model between forward(kTrain) and backward(); under Recompute::kFull
-// only each layer's input is kept and the layer's forward runs again inside backward (routing is
-// deterministic, so the recomputed activations equal the first ones bit for bit).
+// Qwen3Model: embedding -> decoder layers -> final RMSNorm -> chunked lm_head + weighted CE, plus
+// the router losses and router health statistics, and the mirrored backward (SPEC.md sections 2-3).
+// Saved state lives in the model between forward(kTrain) and backward(); Recompute::kSelective
+// keeps the layer minus its cheap/attention-core tensors, kFull only each layer's input (all ops
+// are deterministic, so recomputed activations equal the first ones bit for bit). Scalars and
+// router statistics are device reductions into one buffer, read once per forward (finish_).
 #include "model/qwen3_model.h"
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 
 #include "core/check.h"
 #include "kernels/ops.h"
+#include "model/loss_head.h"
 
 namespace moetrain {
 
@@ -39,29 +41,65 @@ AuxLossType parse_aux_loss_type(const std::string& s) {
   MT_FAIL("[model] aux loss type '{}' is not one of global, per_layer", s);
 }
 
-// Router statistics of one forward: device tensors for the loss, host values for the metrics.
-struct Qwen3Model::RouterTotals {
-  Tensor counts_total, prob_sum_total;        // [E] f32
-  std::vector<Tensor> counts, prob_sum;       // per layer (undefined for dense layers)
-  std::vector<double> z_sum;                  // per layer sum_t lse^2
+// Packed f32 statistics of one forward, zeroed, written by device ops, read once by finish_():
+//   [0]                     ce = sum_t w_t nll_t
+//   per sparse layer j, at base = 1 + j * (2E + 3):
+//     [base, base+E)        picks per expert (router_stats)
+//     [base+E, base+2E)     sum over tokens of the router probabilities
+//     base+2E               sum_t lse_t of the router logits        (router_stats on)
+//     base+2E+1             sum_{t,e} p_te * logit_te               (router_stats on)
+//     base+2E+2             sum_t lse_t^2                           (z-loss on)
+// Entropy per token is lse_t - sum_e p_te logit_te, so its mean needs only the two sums.
+struct Qwen3Model::Pending {
+  Tensor stats;
+  Batch batch;  // for num_labelled (its host copy when it has one)
+  int64_t tokens = 0;
 };
+
+namespace {
+
+int64_t stats_stride(int64_t E) { return 2 * E + 3; }
+
+// cell (a 1-element slice) = dot(a, b) over all elements, f32, as a [1,n] x [n,1] GEMM: a device
+// reduction with no host read (cuBLAS GEMMs are deterministic for a fixed shape).
+void dot_into(Context& ctx, const Tensor& a, const Tensor& b, const Tensor& cell) {
+  const int64_t n = a.numel();
+  MT_CHECK(b.numel() == n, "[model] dot of {} and {} elements", n, b.numel());
+  Tensor c = cell.view({1, 1});
+  ops::matmul(ctx, a.view({1, n}), Trans::kNo, b.view({n, 1}), Trans::kNo, c);
+}
+
+// E * sum_e (counts_e / N)(prob_sum_e / N): the load-balancing value (ops::aux_loss_value on host data).
+double aux_value(const double* counts, const double* prob_sum, int64_t E, int64_t rows) {
+  if (rows <= 0) return 0.0;
+  const double n = static_cast<double>(rows);
+  double s = 0.0;
+  for (int64_t e = 0; e < E; ++e) s += (counts[e] / n) * (prob_sum[e] / n);
+  return static_cast<double>(E) * s;
+}
+
+}  // namespace
 
 Qwen3Model::Qwen3Model(const ModelParams& params, ModelOptions opts) : params_(params), opts_(opts) {
   const ModelConfig& cfg = params.config;
-  MT_CHECK(opts.recompute != Recompute::kSelective,
-           "[model] recompute 'selective' is not implemented yet; use 'none' or 'full'");
   MT_CHECK(static_cast<int64_t>(params.layers.size()) == cfg.num_hidden_layers,
            "[model] parameters have {} layers but the config says {}", params.layers.size(), cfg.num_hidden_layers);
   MT_CHECK(params.embed.defined() && params.final_norm.defined(), "[model] parameters are not allocated");
   MT_CHECK(cfg.tie_word_embeddings || params.lm_head.defined(), "[model] untied model without lm_head");
+  MT_CHECK(opts.ce_chunk_tokens >= 0 && (opts.ce_chunk_tokens > 0 || opts.ce_chunk_bytes > 0),
+           "[model] ce_chunk_tokens = {} / ce_chunk_bytes = {}: give a positive chunk size", opts.ce_chunk_tokens,
+           opts.ce_chunk_bytes);
+  sparse_slot_.assign(static_cast<size_t>(cfg.num_hidden_layers), -1);
   for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
     const bool sparse = cfg.is_sparse_layer(l);
     MT_CHECK(params.layers[l].sparse == sparse, "[model] layer {} is {} in the parameters but {} in the config", l,
              params.layers[l].sparse ? "sparse" : "dense", sparse ? "sparse" : "dense");
-    num_sparse_ += sparse;
+    if (sparse) sparse_slot_[l] = num_sparse_++;
   }
   aux_coef_ = opts.aux_coef >= 0.0f ? opts.aux_coef : static_cast<float>(cfg.router_aux_loss_coef);
 }
+
+Qwen3Model::~Qwen3Model() = default;
 
 const Tensor& Qwen3Model::lm_head_weight() const {
   return params_.config.tie_word_embeddings ? params_.embed : params_.lm_head;
@@ -71,37 +109,26 @@ void Qwen3Model::release() {
   has_saved_ = false;
   batch_ = Batch();
   acts_.clear();
-  final_in_ = final_out_ = final_rstd_ = logits_ = ce_lse_ = aux_counts_total_ = Tensor();
-  aux_counts_layer_.clear();
+  final_in_ = final_out_ = final_rstd_ = dh_ = aux_counts_total_ = stats_ = Tensor();
 }
 
-namespace {
-
-double host_sum(const Tensor& t) {
-  double s = 0.0;
-  for (float v : t.to_floats()) s += v;
-  return s;
-}
-
-double mean_entropy(const Tensor& probs) {  // probs [T,E]
-  const std::vector<float> p = probs.to_floats();
-  const int64_t T = probs.size(0), E = probs.size(1);
-  double total = 0.0;
-  for (int64_t t = 0; t < T; ++t) {
-    double h = 0.0;
-    for (int64_t e = 0; e < E; ++e) {
-      const double v = p[t * E + e];
-      if (v > 0.0) h -= v * std::log(v);
-    }
-    total += h;
+Tensor Qwen3Model::ones_(int64_t n) {
+  const Device dev = params_.embed.device();
+  if (!ones_cache_.defined() || ones_cache_.numel() < n) {
+    // One upload when the token count grows; afterwards sums need no transfer.
+    const int64_t m = std::max<int64_t>(n, 1024);
+    ones_cache_ = Tensor::from_floats(std::vector<float>(static_cast<size_t>(m), 1.0f), {m})
+                      .to(dev, MemCategory::kWorkspace);
   }
-  return T > 0 ? total / static_cast<double>(T) : 0.0;
+  return ones_cache_.slice(0, 0, n);
 }
 
-}  // namespace
+int64_t Qwen3Model::chunk_rows_(int64_t T) const {
+  return loss_head_chunk_rows(T, params_.config.vocab_size, params_.embed.dtype(), opts_.ce_chunk_tokens,
+                              opts_.ce_chunk_bytes);
+}
 
-Tensor Qwen3Model::embed_and_layers(Context& ctx, const Batch& batch, Pass pass, ForwardResult& res,
-                                    RouterTotals& rt) {
+Tensor Qwen3Model::embed_and_layers_(Context& ctx, const Batch& batch, Pass pass) {
   const ModelConfig& cfg = params_.config;
   const int64_t T = batch.num_tokens(), H = cfg.hidden_size, E = cfg.num_experts, L = cfg.num_hidden_layers;
   const DType dt = params_.embed.dtype();
@@ -113,51 +140,43 @@ Tensor Qwen3Model::embed_and_layers(Context& ctx, const Batch& batch, Pass pass,
   Tensor h = act_empty({T, H}, dt, dev);
   ops::embedding_forward(ctx, params_.embed, batch.tokens, h);
   if (save) acts_.assign(static_cast<size_t>(L), LayerActs());
-  rt.counts.assign(static_cast<size_t>(L), Tensor());
-  rt.prob_sum.assign(static_cast<size_t>(L), Tensor());
-  rt.z_sum.assign(static_cast<size_t>(L), 0.0);
-  if (num_sparse_ > 0) {
-    rt.counts_total = Tensor::zeros({E}, DType::kF32, dev, MemCategory::kActivations);
-    rt.prob_sum_total = Tensor::zeros({E}, DType::kF32, dev, MemCategory::kActivations);
-  }
   for (int64_t l = 0; l < L; ++l) {
     const LayerParams& w = params_.layers[l];
-    LayerActs scratch;
-    LayerActs& s = (save && opts_.recompute == Recompute::kNone) ? acts_[l] : scratch;
+    LayerActs s;
     Tensor out = decoder_layer_forward(ctx, cfg, w, batch, h, set, s);
     if (w.sparse) {
-      rt.counts[l] = Tensor::zeros({E}, DType::kF32, dev, MemCategory::kActivations);
-      rt.prob_sum[l] = Tensor::zeros({E}, DType::kF32, dev, MemCategory::kActivations);
-      ops::router_stats(ctx, s.probs, s.topk_idx, rt.counts[l], rt.prob_sum[l]);
-      ops::add_(ctx, rt.counts_total, rt.counts[l]);
-      ops::add_(ctx, rt.prob_sum_total, rt.prob_sum[l]);
-      if (set.z_loss) rt.z_sum[l] = ops::sum_squares(ctx, s.z_lse);
+      const int64_t base = 1 + sparse_slot_[l] * stats_stride(E);
+      Tensor counts = stats_.slice(0, base, base + E), prob_sum = stats_.slice(0, base + E, base + 2 * E);
+      ops::router_stats(ctx, s.probs, s.topk_idx, counts, prob_sum);
+      ops::add_(ctx, aux_counts_total_, counts);
       if (opts_.router_stats) {
-        RouterLayerStats st;
-        st.layer = l;
-        st.tokens_per_expert = rt.counts[l].to_floats();
-        const double mean = static_cast<double>(T * cfg.num_experts_per_tok) / static_cast<double>(E);
-        double mx = 0.0;
-        int64_t active = 0;
-        for (float c : st.tokens_per_expert) {
-          mx = std::max(mx, static_cast<double>(c));
-          active += c > 0.0f;
+        Tensor lse = s.z_lse;
+        if (!lse.defined()) {
+          lse = work_empty({T}, DType::kF32, dev);
+          logsumexp_rows(ctx, s.router_logits, lse);
         }
-        st.max_mean_load = mean > 0.0 ? mx / mean : 0.0;
-        st.frac_active = static_cast<double>(active) / static_cast<double>(E);
-        st.entropy = mean_entropy(s.probs);
-        st.aux = ops::aux_loss_value(rt.counts[l], rt.prob_sum[l], T);
-        st.z = rt.z_sum[l] / static_cast<double>(T);
-        res.router.push_back(std::move(st));
+        dot_into(ctx, lse, ones_(T), stats_.slice(0, base + 2 * E, base + 2 * E + 1));
+        dot_into(ctx, s.probs, s.router_logits, stats_.slice(0, base + 2 * E + 1, base + 2 * E + 2));
+      }
+      if (set.z_loss) dot_into(ctx, s.z_lse, s.z_lse, stats_.slice(0, base + 2 * E + 2, base + 2 * E + 3));
+    }
+    if (save) {
+      switch (opts_.recompute) {
+        case Recompute::kNone: acts_[l] = std::move(s); break;
+        case Recompute::kSelective:
+          drop_recomputable(s);
+          acts_[l] = std::move(s);
+          break;
+        case Recompute::kFull: acts_[l].x = h; break;
       }
     }
-    if (save && opts_.recompute == Recompute::kFull) acts_[l].x = h;
     h = out;
   }
   return h;
 }
 
-Tensor Qwen3Model::final_logits(Context& ctx, const Tensor& hl, bool save) {
+void Qwen3Model::head_(Context& ctx, const Batch& batch, const Tensor& hl, Pass pass, bool return_logits,
+                       ModelParams* grads, ForwardResult& res) {
   const ModelConfig& cfg = params_.config;
   const int64_t T = hl.size(0), H = cfg.hidden_size, V = cfg.vocab_size;
   const DType dt = hl.dtype();
@@ -165,60 +184,112 @@ Tensor Qwen3Model::final_logits(Context& ctx, const Tensor& hl, bool save) {
   Tensor fn = act_empty({T, H}, dt, dev);
   Tensor rstd = act_empty({T}, DType::kF32, dev);
   ops::rmsnorm_forward(ctx, hl, params_.final_norm, static_cast<float>(cfg.rms_norm_eps), fn, rstd);
-  Tensor logits = act_empty({T, V}, dt, dev);
-  ops::matmul(ctx, fn, Trans::kNo, lm_head_weight(), Trans::kYes, logits);
-  if (save) {
+  LossHeadIO io;
+  io.nll = act_empty({T}, DType::kF32, dev);
+  io.lse = work_empty({T}, DType::kF32, dev);
+  if (return_logits) io.logits = act_empty({T, V}, dt, dev);
+  if (grads) {
+    io.dx = work_empty({T, H}, dt, dev);
+    io.dw = cfg.tie_word_embeddings ? grads->embed : grads->lm_head;
+  }
+  loss_head(ctx, fn, lm_head_weight(), batch.labels, batch.loss_weights, chunk_rows_(T), io);
+  dot_into(ctx, io.nll, batch.loss_weights, stats_.slice(0, 0, 1));
+  if (grads) {
+    dh_ = work_empty({T, H}, dt, dev);
+    ops::rmsnorm_backward(ctx, hl, params_.final_norm, rstd, io.dx, dh_, grads->final_norm);
+  } else if (pass == Pass::kTrain) {
     final_in_ = hl;
     final_out_ = fn;
     final_rstd_ = rstd;
   }
-  return logits;
+  res.nll = io.nll;
+  res.logits = io.logits;
 }
 
-ForwardResult Qwen3Model::forward(Context& ctx, const Batch& batch, Pass pass, bool return_logits) {
+ForwardResult Qwen3Model::run_forward_(Context& ctx, const Batch& batch, Pass pass, bool return_logits,
+                                       ModelParams* grads) {
   const ModelConfig& cfg = params_.config;
   release();
+  pending_.reset();
   batch.validate(cfg.vocab_size);
   MT_CHECK(batch.tokens.device() == params_.embed.device(), "[model] batch is on {} but the weights are on {}",
            batch.tokens.device().str(), params_.embed.device().str());
-  const int64_t T = batch.num_tokens();
-  const Device dev = params_.embed.device();
-  ForwardResult res;
-  RouterTotals rt;
-  Tensor hl = embed_and_layers(ctx, batch, pass, res, rt);
-  Tensor logits = final_logits(ctx, hl, pass == Pass::kTrain);
-
-  Tensor losses = work_empty({T}, DType::kF32, dev);
-  Tensor lse = act_empty({T}, DType::kF32, dev);
-  ops::cross_entropy_forward(ctx, logits, batch.labels, batch.loss_weights, losses, lse);
-  res.ce = host_sum(losses);
-  res.num_labelled = batch.num_labelled();
-
-  if (num_sparse_ > 0) {
-    if (opts_.aux_type == AuxLossType::kGlobal) {
-      res.aux = ops::aux_loss_value(rt.counts_total, rt.prob_sum_total, num_sparse_ * T);
-    } else {
-      double s = 0.0;
-      for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
-        if (rt.counts[l].defined()) s += ops::aux_loss_value(rt.counts[l], rt.prob_sum[l], T);
-      }
-      res.aux = s / static_cast<double>(num_sparse_);
-    }
-    double z = 0.0;
-    for (double v : rt.z_sum) z += v;
-    res.z = z / static_cast<double>(num_sparse_ * T);
+  if (grads) {
+    MT_CHECK(grads->layers.size() == params_.layers.size(), "[model] gradient set has {} layers, model {}",
+             grads->layers.size(), params_.layers.size());
+    MT_CHECK(grads->embed.dtype() == DType::kF32, "[model] gradients must be f32, got {}", grads->embed.desc());
   }
-  res.loss = res.ce + static_cast<double>(aux_coef_) * res.aux + static_cast<double>(opts_.zloss_coef) * res.z;
-  if (return_logits) res.logits = logits;
-
+  const int64_t E = cfg.num_experts;
+  const Device dev = params_.embed.device();
+  stats_ = Tensor::zeros({1 + num_sparse_ * stats_stride(E)}, DType::kF32, dev, MemCategory::kActivations);
+  if (num_sparse_ > 0) aux_counts_total_ = Tensor::zeros({E}, DType::kF32, dev, MemCategory::kActivations);
+  ForwardResult res;
+  Tensor hl = embed_and_layers_(ctx, batch, pass);
+  head_(ctx, batch, hl, pass, return_logits, grads, res);
+  pending_ = std::make_unique<Pending>();
+  pending_->stats = stats_;
+  pending_->batch = batch;
+  pending_->tokens = batch.num_tokens();
   if (pass == Pass::kTrain) {
     has_saved_ = true;
     batch_ = batch;
-    logits_ = logits;
-    ce_lse_ = lse;
-    aux_counts_total_ = rt.counts_total;
-    aux_counts_layer_ = rt.counts;
+  } else {
+    release();
   }
+  return res;
+}
+
+void Qwen3Model::finish_(ForwardResult& res) {
+  MT_CHECK(pending_, "[model] no forward results to read");
+  const ModelConfig& cfg = params_.config;
+  const int64_t T = pending_->tokens, E = cfg.num_experts, k = cfg.num_experts_per_tok;
+  const std::vector<float> st = pending_->stats.to_floats();  // the one device read of the step
+  res.ce = st[0];
+  if (num_sparse_ > 0) {
+    std::vector<double> c_tot(static_cast<size_t>(E), 0.0), p_tot(static_cast<size_t>(E), 0.0);
+    std::vector<double> c(static_cast<size_t>(E)), p(static_cast<size_t>(E));
+    double aux_sum = 0.0, z_sum = 0.0;
+    for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+      if (sparse_slot_[l] < 0) continue;
+      const int64_t base = 1 + sparse_slot_[l] * stats_stride(E);
+      for (int64_t e = 0; e < E; ++e) {
+        c[e] = st[base + e], p[e] = st[base + E + e];
+        c_tot[e] += c[e], p_tot[e] += p[e];
+      }
+      const double aux_l = aux_value(c.data(), p.data(), E, T);
+      const double z_l = st[base + 2 * E + 2];
+      aux_sum += aux_l;
+      z_sum += z_l;
+      if (!opts_.router_stats) continue;
+      RouterLayerStats rs;
+      rs.layer = l;
+      rs.tokens_per_expert.assign(st.begin() + base, st.begin() + base + E);
+      const double mean = static_cast<double>(T * k) / static_cast<double>(E);
+      double mx = 0.0;
+      int64_t active = 0;
+      for (int64_t e = 0; e < E; ++e) {
+        mx = std::max(mx, c[e]);
+        active += c[e] > 0.0;
+      }
+      rs.max_mean_load = mean > 0.0 ? mx / mean : 0.0;
+      rs.frac_active = static_cast<double>(active) / static_cast<double>(E);
+      rs.entropy = (static_cast<double>(st[base + 2 * E]) - st[base + 2 * E + 1]) / static_cast<double>(T);
+      rs.aux = aux_l;
+      rs.z = z_l / static_cast<double>(T);
+      res.router.push_back(std::move(rs));
+    }
+    res.aux = opts_.aux_type == AuxLossType::kGlobal ? aux_value(c_tot.data(), p_tot.data(), E, num_sparse_ * T)
+                                                     : aux_sum / static_cast<double>(num_sparse_);
+    res.z = z_sum / static_cast<double>(num_sparse_ * T);
+  }
+  res.loss = res.ce + static_cast<double>(aux_coef_) * res.aux + static_cast<double>(opts_.zloss_coef) * res.z;
+  res.num_labelled = pending_->batch.num_labelled();
+  pending_.reset();
+}
+
+ForwardResult Qwen3Model::forward(Context& ctx, const Batch& batch, Pass pass, bool return_logits) {
+  ForwardResult res = run_forward_(ctx, batch, pass, return_logits, nullptr);
+  finish_(res);
   return res;
 }
 
@@ -228,26 +299,28 @@ void Qwen3Model::backward(Context& ctx, ModelParams& grads) {
   MT_CHECK(grads.layers.size() == params_.layers.size(), "[model] gradient set has {} layers, model {}",
            grads.layers.size(), params_.layers.size());
   MT_CHECK(grads.embed.dtype() == DType::kF32, "[model] gradients must be f32, got {}", grads.embed.desc());
-  const int64_t T = batch_.num_tokens(), H = cfg.hidden_size, V = cfg.vocab_size;
+  const int64_t T = batch_.num_tokens(), H = cfg.hidden_size;
   const DType dt = params_.embed.dtype();
   const Device dev = params_.embed.device();
 
-  // lm_head and final norm.
-  Tensor dh = work_empty({T, H}, dt, dev);
-  {
-    Tensor dlogits = work_empty({T, V}, dt, dev);
-    ops::cross_entropy_backward(ctx, logits_, batch_.labels, batch_.loss_weights, ce_lse_, 1.0f, dlogits);
-    logits_ = Tensor();
-    Tensor& g_lm = cfg.tie_word_embeddings ? grads.embed : grads.lm_head;
-    Tensor dfn = work_empty({T, H}, dt, dev);
-    ops::matmul(ctx, dlogits, Trans::kNo, lm_head_weight(), Trans::kNo, dfn);           // [T,V] x [V,H]
-    ops::matmul(ctx, dlogits, Trans::kYes, final_out_, Trans::kNo, g_lm, 1.0f, 1.0f);  // [V,T] x [T,H]
-    ops::rmsnorm_backward(ctx, final_in_, params_.final_norm, final_rstd_, dfn, dh, grads.final_norm);
-    final_in_ = final_out_ = final_rstd_ = Tensor();
+  Tensor dh = dh_;
+  dh_ = Tensor();
+  if (!dh.defined()) {  // the head was not differentiated in forward: recompute it chunk by chunk
+    LossHeadIO io;
+    io.nll = work_empty({T}, DType::kF32, dev);
+    io.lse = work_empty({T}, DType::kF32, dev);
+    io.dx = work_empty({T, H}, dt, dev);
+    io.dw = cfg.tie_word_embeddings ? grads.embed : grads.lm_head;
+    loss_head(ctx, final_out_, lm_head_weight(), batch_.labels, batch_.loss_weights, chunk_rows_(T), io);
+    final_out_ = Tensor();
+    dh = work_empty({T, H}, dt, dev);
+    ops::rmsnorm_backward(ctx, final_in_, params_.final_norm, final_rstd_, io.dx, dh, grads.final_norm);
   }
+  final_in_ = final_out_ = final_rstd_ = Tensor();
 
   LayerSettings set;
   set.z_loss = opts_.zloss_coef != 0.0f;
+  const int64_t E = cfg.num_experts;
   for (int64_t l = cfg.num_hidden_layers - 1; l >= 0; --l) {
     const LayerParams& w = params_.layers[l];
     RouterLossGrad rg;
@@ -257,18 +330,31 @@ void Qwen3Model::backward(Context& ctx, ModelParams& grads) {
         rg.aux_rows = num_sparse_ * T;
         rg.aux_coef = aux_coef_;
       } else {
-        rg.aux_counts = aux_counts_layer_[l];
+        const int64_t base = 1 + sparse_slot_[l] * stats_stride(E);
+        rg.aux_counts = stats_.slice(0, base, base + E);
         rg.aux_rows = T;
         rg.aux_coef = aux_coef_ / static_cast<float>(num_sparse_);
       }
       rg.z_scale = opts_.zloss_coef / static_cast<float>(num_sparse_ * T);
     }
-    if (opts_.recompute == Recompute::kFull) {
-      LayerActs s;
-      decoder_layer_forward(ctx, cfg, w, batch_, acts_[l].x, set, s);
-      decoder_layer_backward(ctx, cfg, w, grads.layers[l], batch_, s, rg, dh);
-    } else {
-      decoder_layer_backward(ctx, cfg, w, grads.layers[l], batch_, acts_[l], rg, dh);
+    switch (opts_.recompute) {
+      case Recompute::kNone:
+        decoder_layer_backward(ctx, cfg, w, grads.layers[l], batch_, acts_[l], rg, dh);
+        break;
+      case Recompute::kSelective: {
+        LayerActs s = acts_[l];
+        acts_[l].clear();
+        restore_recomputed(ctx, cfg, w, batch_, s);
+        decoder_layer_backward(ctx, cfg, w, grads.layers[l], batch_, s, rg, dh);
+        break;
+      }
+      case Recompute::kFull: {
+        LayerActs s;
+        decoder_layer_forward(ctx, cfg, w, batch_, acts_[l].x, set, s);
+        acts_[l].clear();
+        decoder_layer_backward(ctx, cfg, w, grads.layers[l], batch_, s, rg, dh);
+        break;
+      }
     }
     acts_[l].clear();
   }
@@ -278,20 +364,17 @@ void Qwen3Model::backward(Context& ctx, ModelParams& grads) {
 
 ForwardResult Qwen3Model::forward_backward(Context& ctx, const Batch& batch, ModelParams& grads,
                                            bool return_logits) {
-  ForwardResult r = forward(ctx, batch, Pass::kTrain, return_logits);
+  ForwardResult r = run_forward_(ctx, batch, Pass::kTrain, return_logits, &grads);
   backward(ctx, grads);
+  finish_(r);
   return r;
 }
 
 Tensor Qwen3Model::token_logprobs(Context& ctx, const Batch& batch) {
-  ForwardResult r = forward(ctx, batch, Pass::kEval, /*return_logits=*/true);
-  const int64_t T = batch.num_tokens();
-  const Device dev = params_.embed.device();
-  Tensor lp = Tensor::empty({T}, DType::kF32, dev, MemCategory::kActivations);
-  Tensor lse = work_empty({T}, DType::kF32, dev);
-  ops::cross_entropy_forward(ctx, r.logits, batch.labels, Tensor(), lp, lse);  // lse - logit[label]
-  ops::scale_(ctx, lp, -1.0f);
-  return lp;
+  ForwardResult r = run_forward_(ctx, batch, Pass::kEval, /*return_logits=*/false, nullptr);
+  pending_.reset();
+  ops::scale_(ctx, r.nll, -1.0f);  // log p = -nll; 0 stays 0 where ignored
+  return r.nll;
 }
 
 ModelParams allocate_gradients(const ModelConfig& cfg, Device device) {

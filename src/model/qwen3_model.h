@@ -6,9 +6,12 @@
 // sparse layers of mean_t logsumexp(router logits_t)^2. Gradients accumulate (+=) in f32 into a
 // ModelParams-shaped set (allocate_gradients); with tied embeddings the lm_head gradient lands in
 // embed. Parameters are borrowed: the model holds a reference and must not outlive them.
+// Device work: a step reads the device once, at the end (ForwardResult's scalars and router
+// statistics come from one packed f32 buffer); the lm_head + CE run in token chunks (loss_head.h).
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -21,8 +24,10 @@
 namespace moetrain {
 
 enum class AuxLossType : uint8_t { kGlobal, kPerLayer };
-// kNone saves every activation; kFull saves each layer's input only and re-runs the layer's
-// forward during backward; kSelective is reserved (not implemented yet: rejected).
+// kNone saves every activation; kSelective drops the attention core, SwiGLU and the cheap
+// elementwise outputs and rebuilds them in backward (no matmul repeated; see LayerActs); kFull
+// saves each layer's input only and re-runs the layer's forward during backward. All three give
+// bit-identical losses and gradients (deterministic ops).
 enum class Recompute : uint8_t { kNone, kSelective, kFull };
 
 const char* recompute_name(Recompute r);
@@ -35,7 +40,10 @@ struct ModelOptions {
   AuxLossType aux_type = AuxLossType::kGlobal;
   float zloss_coef = 0.0f;
   Recompute recompute = Recompute::kNone;
-  bool router_stats = true;  // per-layer health metrics (one host read of [T,E] probs per layer)
+  bool router_stats = true;  // per-layer health metrics, incl. entropy (device reductions, read once)
+  // Loss head chunking: rows per chunk (> 0), or 0 to fit `ce_chunk_bytes` of logits per chunk.
+  int64_t ce_chunk_tokens = 0;
+  size_t ce_chunk_bytes = size_t{256} << 20;
 };
 
 // Router health of one sparse layer for one forward.
@@ -56,7 +64,8 @@ struct ForwardResult {
   double z = 0.0;     // unscaled z
   int64_t num_labelled = 0;
   std::vector<RouterLayerStats> router;  // one per sparse layer
-  Tensor logits;      // [T,V] when requested
+  Tensor logits;      // [T,V] compute dtype, when requested (the only time [T,V] is materialized)
+  Tensor nll;         // [T] f32 on the model's device: -log p(label_t), 0 where label_t == -100
 };
 
 enum class Pass : uint8_t { kTrain, kEval };  // kTrain saves activations for backward
@@ -64,39 +73,53 @@ enum class Pass : uint8_t { kTrain, kEval };  // kTrain saves activations for ba
 class Qwen3Model {
  public:
   Qwen3Model(const ModelParams& params, ModelOptions opts = {});
+  ~Qwen3Model();
 
   const ModelConfig& config() const { return params_.config; }
   const ModelOptions& options() const { return opts_; }
   float aux_coef() const { return aux_coef_; }
 
-  // One forward. kTrain keeps what backward() needs until backward() or release().
+  // One forward. kTrain keeps what backward() needs until backward() or release(). Reads the
+  // device once at the end (the scalars and router statistics).
   ForwardResult forward(Context& ctx, const Batch& batch, Pass pass = Pass::kTrain, bool return_logits = false);
   // Backward of the last kTrain forward: accumulates parameter gradients into `grads` and
-  // releases the saved activations.
+  // releases the saved activations. The loss head is recomputed chunk by chunk with the batch's
+  // loss_weights as they are now (DPO rewrites them between forward and backward).
   void backward(Context& ctx, ModelParams& grads);
+  // Forward and backward with the loss head fused (each chunk's CE gradient is formed right after
+  // its logits); one device read, after all the work is queued.
   ForwardResult forward_backward(Context& ctx, const Batch& batch, ModelParams& grads, bool return_logits = false);
   // Forward only: log p(label_t | prefix) per token [T] f32, 0 where label_t == -100 (DPO, eval).
+  // No host read.
   Tensor token_logprobs(Context& ctx, const Batch& batch);
   void release();
 
  private:
-  struct RouterTotals;
-  Tensor embed_and_layers(Context& ctx, const Batch& batch, Pass pass, ForwardResult& res, RouterTotals& rt);
+  struct Pending;  // device results of a forward, read once by finish_()
+  ForwardResult run_forward_(Context& ctx, const Batch& batch, Pass pass, bool return_logits, ModelParams* grads);
+  Tensor embed_and_layers_(Context& ctx, const Batch& batch, Pass pass);
+  void head_(Context& ctx, const Batch& batch, const Tensor& hl, Pass pass, bool return_logits, ModelParams* grads,
+             ForwardResult& res);
+  void finish_(ForwardResult& res);
   const Tensor& lm_head_weight() const;
-  Tensor final_logits(Context& ctx, const Tensor& hl, bool save);
+  Tensor ones_(int64_t n);
+  int64_t chunk_rows_(int64_t T) const;
 
   const ModelParams& params_;
   ModelOptions opts_;
   float aux_coef_ = 0.0f;
+  int64_t num_sparse_ = 0;
+  std::vector<int64_t> sparse_slot_;          // layer -> index among sparse layers (-1: dense)
   // Saved state of the last kTrain forward.
   bool has_saved_ = false;
   Batch batch_;
   std::vector<LayerActs> acts_;
-  Tensor final_in_, final_out_, final_rstd_;  // [T,H], [T,H], [T]
-  Tensor logits_, ce_lse_;                    // [T,V], [T]
+  Tensor final_in_, final_out_, final_rstd_;  // [T,H], [T,H], [T] (head not yet differentiated)
+  Tensor dh_;                                 // [T,H] d(loss)/d(last layer output) (head fused)
   Tensor aux_counts_total_;                   // [E] f32 (global form)
-  std::vector<Tensor> aux_counts_layer_;      // per layer [E] f32 (per-layer form), empty if dense
-  int64_t num_sparse_ = 0;
+  Tensor stats_;                              // packed f32 statistics (layout in qwen3_model.cpp)
+  std::unique_ptr<Pending> pending_;
+  Tensor ones_cache_;                         // f32 ones on the device (sums as dot products)
 };
 
 // f32 zeros in the model's layout, category kGradients (lm_head aliases embed when tied).

@@ -3,20 +3,20 @@
 # bundle, gpu-bin/ = the binary + the non-system shared libraries it links (fmt, OpenBLAS,
 # gfortran, libstdc++, ...), for a GPU machine that lacks our Debian libraries. CUDA runtime
 # libraries (cudart, cuBLAS) are NOT bundled: the GPU machine's CUDA 13 provides them.
-# Then run tests/gpu/run.sh there. Env: BUILD_DIR (default build-gpu), SKIP_BUILD=1 to reuse it.
+# Then run tests/gpu/run.sh (and tests/gpu/bench.sh) there. Env: BUILD_DIR (default build-gpu), SKIP_BUILD=1 to reuse it.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${BUILD_DIR:-$root/build-gpu}
 case "$build" in /*) ;; *) build=$root/$build ;; esac
 if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
   cmake -S "$root" -B "$build" -G Ninja -DMT_CUDA=ON >/dev/null
-  cmake --build "$build" --target test_backend -j2
+  cmake --build "$build" --target test_backend kernel_bench -j2
 fi
 out=$root/gpu-bin
 rm -rf "$out"
 mkdir -p "$out/lib"
-cp "$build/test_backend" "$out/"
-strip --strip-debug "$out/test_backend" 2>/dev/null || true
+cp "$build/test_backend" "$build/kernel_bench" "$out/"  # kernel_bench: run by tests/gpu/bench.sh
+strip --strip-debug "$out/test_backend" "$out/kernel_bench" 2>/dev/null || true
 ldd "$build/test_backend" | awk '/=>/ {print $3}' | while read -r lib; do
   case "$lib" in
     */libc.so*|*/libm.so*|*/libdl.so*|*/libpthread.so*|*/librt.so*|*/ld-linux*|*/libcuda.so*) continue ;;

@@ -74,8 +74,9 @@ void cross_entropy_backward(Context& ctx, const Tensor& logits, const Tensor& la
       }
       const float* x = lp + t * V;
       const double c = static_cast<double>(dloss_scale) * w, l = sp[t];
+      const double x_label = x[lab[t]];  // read first: dlogits may alias logits (in place)
       for (int64_t v = 0; v < V; ++v) d[v] = static_cast<float>(c * std::exp(x[v] - l));
-      d[lab[t]] = static_cast<float>(c * (std::exp(x[lab[t]] - l) - 1.0));
+      d[lab[t]] = static_cast<float>(c * (std::exp(x_label - l) - 1.0));
     }
   });
 }

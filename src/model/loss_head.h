@@ -1,0 +1,32 @@
+// Loss head: logits = x W^T over the vocabulary and the per-token cross-entropy, run in token
+// chunks so a micro-batch's [T,V] logits never exist at once (only one [rows,V] chunk in the
+// compute dtype). Per chunk c: logits_c = x_c W^T; CE forward gives nll_c = lse_c - logit[label]
+// and lse_c; with gradients asked for, dlogits_c = w_c (softmax - onehot) is written over logits_c,
+// then dx_c = dlogits_c W and dW += dlogits_c^T x_c (f32, beta = 1). Same math as one big chunk.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "core/context.h"
+#include "core/tensor.h"
+
+namespace moetrain {
+
+// Rows per chunk: `chunk_tokens` when > 0, else as many rows as fit `chunk_bytes` of logits in
+// the compute dtype (at least 1); never more than T.
+int64_t loss_head_chunk_rows(int64_t T, int64_t V, DType dt, int64_t chunk_tokens, size_t chunk_bytes);
+
+struct LossHeadIO {
+  Tensor nll;     // [T] f32 out: lse - logit[label] (unweighted), 0 where label == -100
+  Tensor lse;     // [T] f32 out
+  Tensor logits;  // [T,V] out when defined (then dlogits use a separate chunk buffer)
+  Tensor dx;      // [T,H] out when defined: d(sum_t weights_t nll_t)/dx (overwritten)
+  Tensor dw;      // [V,H] f32, += when dx is defined
+};
+
+// x [T,H] (final-norm output), w [V,H] (lm_head or the tied embedding), labels [T] i32,
+// weights [T] f32 (read only when gradients are asked for).
+void loss_head(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& labels, const Tensor& weights,
+               int64_t chunk_rows, LossHeadIO& io);
+
+}  // namespace moetrain
