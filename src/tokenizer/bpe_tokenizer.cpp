@@ -62,8 +62,8 @@ void BpeTokenizer::run_stages(size_t stage, std::string_view piece,
 }
 
 void BpeTokenizer::encode_word(std::string_view word, std::vector<int32_t>& out) const {
-  const bool cacheable = word.size() <= WordCache::kMaxWordBytes;
-  size_t hash = 0;
+  const bool cacheable = WordCache::fits(word.size(), 1);
+  uint64_t hash = 0;
   if (cacheable) {
     hash = WordCache::hash_of(word);
     if (cache_.lookup(word, hash, out)) return;

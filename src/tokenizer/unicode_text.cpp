@@ -4,6 +4,7 @@
 #include "tokenizer/unicode_text.h"
 
 #include <cstdlib>
+#include <cstring>
 
 #include <utf8proc.h>
 
@@ -134,11 +135,56 @@ bool is_word_char(char32_t c) {
   }
 }
 
+namespace {
+
+// One bit per BMP code point: set when the code point has combining class 0, is its own NFC,
+// and is never a non-first element of a canonical decomposition (so nothing composes with
+// it). Built once from utf8proc's tables (a few milliseconds).
+std::vector<uint64_t> build_nfc_stable_bmp() {
+  std::vector<bool> second(0x110000, false);
+  utf8proc_int32_t buf[32];
+  auto decomposable = [](utf8proc_int32_t c) {
+    return utf8proc_get_property(c)->decomp_seqindex != UINT16_MAX ||
+           (c >= 0xAC00 && c <= 0xD7A3);  // Hangul syllables decompose algorithmically
+  };
+  for (utf8proc_int32_t c = 0; c < 0x110000; ++c) {
+    if ((c >= 0xD800 && c <= 0xDFFF) || !decomposable(c)) continue;
+    int last = 0;
+    auto n = utf8proc_decompose_char(c, buf, 32, UTF8PROC_DECOMPOSE, &last);
+    for (utf8proc_ssize_t k = 1; k < n; ++k) second[static_cast<size_t>(buf[k])] = true;
+  }
+  std::vector<uint64_t> bits(0x10000 / 64, 0);
+  for (utf8proc_int32_t c = 0; c < 0x10000; ++c) {
+    if ((c >= 0xD800 && c <= 0xDFFF) || second[static_cast<size_t>(c)]) continue;
+    if (utf8proc_get_property(c)->combining_class != 0) continue;
+    if (decomposable(c)) {
+      std::string s;
+      append_utf8(s, static_cast<char32_t>(c));
+      utf8proc_uint8_t* out = nullptr;
+      auto n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
+                            static_cast<utf8proc_ssize_t>(s.size()), &out,
+                            static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+      bool same = n == static_cast<utf8proc_ssize_t>(s.size()) &&
+                  std::memcmp(out, s.data(), s.size()) == 0;
+      std::free(out);
+      if (!same) continue;
+    }
+    bits[static_cast<size_t>(c) / 64] |= 1ull << (c % 64);
+  }
+  return bits;
+}
+
+}  // namespace
+
 bool nfc_stable_fast(char32_t cp) {
-  return cp < 0x300 || (cp >= 0x4E00 && cp <= 0x9FFF) || (cp >= 0xAC00 && cp <= 0xD7A3) ||
-         (cp >= 0x3000 && cp <= 0x3029) || (cp >= 0x3041 && cp <= 0x3096) ||
-         (cp >= 0x30A0 && cp <= 0x30FF) || (cp >= 0xFF01 && cp <= 0xFFEF) ||
-         (cp >= 0x1F300 && cp <= 0x1FAFF);
+  if (cp < 0x300) return true;
+  if (cp < 0x10000) {
+    static const std::vector<uint64_t> bits = build_nfc_stable_bmp();
+    return (bits[cp / 64] >> (cp % 64)) & 1;
+  }
+  // Emoji and pictographs, and CJK extensions B..H (no decompositions, class 0).
+  return (cp >= 0x1F000 && cp <= 0x1FAFF) || (cp >= 0x20000 && cp <= 0x2F7FF) ||
+         (cp >= 0x30000 && cp <= 0x323AF);
 }
 
 namespace {

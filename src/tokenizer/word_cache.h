@@ -1,59 +1,61 @@
-// Thread-safe cache word -> token ids for byte-level BPE: 64 shards, each a hash map behind a
-// shared_mutex (lookups take the shared lock, so readers on many threads rarely contend). A
-// shard stops growing at its capacity; words longer than kMaxWordBytes are never cached.
+// Thread-safe cache word -> token ids for byte-level BPE. Flat and lock-free for readers: 64
+// shards of 128-byte slots (one hash tag + the word's bytes + its ids inline, so a hit touches
+// two cache lines), each shard guarded by a seqlock: readers copy a slot with relaxed atomic
+// loads and retry if the shard's sequence moved; writers serialize on the shard's mutex. Words
+// whose bytes and ids do not fit a slot are not cached; a full probe window evicts a slot.
 #pragma once
-#include <array>
-#include <deque>
+#include <atomic>
 #include <cstdint>
+#include <cstring>
+#include <memory>
 #include <mutex>
-#include <shared_mutex>
-#include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 namespace moetrain {
 
 class WordCache {
  public:
-  static constexpr size_t kMaxWordBytes = 48;
-  explicit WordCache(size_t capacity = 1 << 18) : shard_capacity_(capacity / kShards + 1) {}
-
+  WordCache();
   // Appends the cached ids of `word` to `out` and returns true on a hit.
-  bool lookup(std::string_view word, size_t hash, std::vector<int32_t>& out) const {
-    const Shard& s = shards_[hash % kShards];
-    std::shared_lock lock(s.mu);
-    auto it = s.map.find(Key{word, hash});
-    if (it == s.map.end()) return false;
-    out.insert(out.end(), it->second.begin(), it->second.end());
-    return true;
+  bool lookup(std::string_view word, uint64_t hash, std::vector<int32_t>& out) const;
+  void insert(std::string_view word, uint64_t hash, const int32_t* ids, size_t n);
+  static bool fits(size_t word_bytes, size_t n_ids) {
+    return 2 + word_bytes + 4 * n_ids <= kPayload;
   }
-  void insert(std::string_view word, size_t hash, const int32_t* ids, size_t n) {
-    Shard& s = shards_[hash % kShards];
-    std::unique_lock lock(s.mu);
-    if (s.map.size() >= shard_capacity_ || s.map.count(Key{word, hash})) return;
-    s.owned.emplace_back(word);  // keys point into `owned`
-    s.map.try_emplace(Key{s.owned.back(), hash}, ids, ids + n);
+  static uint64_t hash_of(std::string_view s) {
+    const char* p = s.data();
+    size_t n = s.size();
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ n;
+    uint64_t v = 0;
+    for (; n >= 8; n -= 8, p += 8) {
+      std::memcpy(&v, p, 8);
+      h = (h ^ v) * 0xbf58476d1ce4e5b9ull;
+      h ^= h >> 31;
+    }
+    v = 0;
+    std::memcpy(&v, p, n);
+    h = (h ^ v) * 0x94d049bb133111ebull;
+    h ^= h >> 29;
+    h *= 0xbf58476d1ce4e5b9ull;
+    return h ^ (h >> 32);
   }
-  static size_t hash_of(std::string_view word) { return std::hash<std::string_view>{}(word); }
 
  private:
+  static constexpr size_t kWords = 16;                // 128-byte slots
+  static constexpr size_t kPayload = 8 * (kWords - 1);  // bytes after the tag
   static constexpr size_t kShards = 64;
-  struct Key {
-    std::string_view text;
-    size_t hash;
-    bool operator==(const Key& o) const { return text == o.text; }
+  static constexpr size_t kSlotsPerShard = 2048;
+  static constexpr size_t kProbe = 4;
+  struct alignas(64) Slot {
+    std::atomic<uint64_t> w[kWords];  // w[0]: tag (hash | 1, 0 = empty); then len, n, bytes, ids
   };
-  struct KeyHash {
-    size_t operator()(const Key& k) const { return k.hash / kShards; }
+  struct alignas(64) Shard {
+    std::atomic<uint64_t> seq{0};  // odd while a writer is changing the shard
+    std::mutex mu;
+    std::unique_ptr<Slot[]> slots;
   };
-  struct Shard {
-    mutable std::shared_mutex mu;
-    std::unordered_map<Key, std::vector<int32_t>, KeyHash> map;
-    std::deque<std::string> owned;  // stable addresses for the keys
-  };
-  size_t shard_capacity_;
-  std::array<Shard, kShards> shards_;
+  std::unique_ptr<Shard[]> shards_;
 };
 
 }  // namespace moetrain
