@@ -46,6 +46,7 @@ int run_train(int argc, char** argv) {
 }
 
 }  // namespace
-}  // namespace moetrain::cli
 
 MT_COMMAND("train", "train a model (pretrain or SFT) from a YAML config, resuming from its latest checkpoint", run_train);
+
+}  // namespace moetrain::cli

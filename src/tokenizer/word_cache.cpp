@@ -26,7 +26,12 @@ bool WordCache::lookup(std::string_view word, uint64_t hash, std::vector<int32_t
       uint64_t t = sl.w[0].load(std::memory_order_relaxed);
       if (t == 0) break;
       if (t != tag) continue;
-      for (size_t k = 1; k < kWords; ++k) buf[k - 1] = sl.w[k].load(std::memory_order_relaxed);
+      // Load only the words the entry occupies: the first holds the lengths.
+      buf[0] = sl.w[1].load(std::memory_order_relaxed);
+      const auto* head = reinterpret_cast<const unsigned char*>(buf);
+      size_t used = (2 + head[0] + 4 * size_t{head[1]} + 7) / 8;
+      if (used > kWords - 1) used = kWords - 1;  // torn read; the check below retries
+      for (size_t k = 2; k <= used; ++k) buf[k - 1] = sl.w[k].load(std::memory_order_relaxed);
       std::atomic_thread_fence(std::memory_order_acquire);
       if (sh.seq.load(std::memory_order_relaxed) != s1) {
         retry = true;

@@ -1,6 +1,6 @@
 // Thread-safe cache word -> token ids for byte-level BPE. Flat and lock-free for readers: 64
-// shards of 128-byte slots (one hash tag + the word's bytes + its ids inline, so a hit touches
-// two cache lines), each shard guarded by a seqlock: readers copy a slot with relaxed atomic
+// shards of 64-byte slots (one hash tag + the word's bytes + its ids inline, so a hit touches
+// one cache line), each shard guarded by a seqlock: readers copy a slot with relaxed atomic
 // loads and retry if the shard's sequence moved; writers serialize on the shard's mutex. Words
 // whose bytes and ids do not fit a slot are not cached; a full probe window evicts a slot.
 #pragma once
@@ -42,7 +42,7 @@ class WordCache {
   }
 
  private:
-  static constexpr size_t kWords = 16;                // 128-byte slots
+  static constexpr size_t kWords = 8;                   // 64-byte slots
   static constexpr size_t kPayload = 8 * (kWords - 1);  // bytes after the tag
   static constexpr size_t kShards = 64;
   static constexpr size_t kSlotsPerShard = 2048;

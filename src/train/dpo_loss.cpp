@@ -95,7 +95,8 @@ nlohmann::json DpoMetrics::to_json() const {
 
 std::vector<std::pair<std::string, float>> DpoMetrics::scalars(const std::string& prefix) const {
   std::vector<std::pair<std::string, float>> out;
-  for (const auto& [k, v] : to_json().items()) {
+  const nlohmann::json j = to_json();  // named: items() of a temporary would dangle
+  for (const auto& [k, v] : j.items()) {
     if (k != "pairs") out.emplace_back(prefix + k, v.get<float>());
   }
   return out;

@@ -12,7 +12,8 @@ if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
   cmake -S "$root" -B "$build" -G Ninja -DMT_CUDA=ON >/dev/null
   cmake --build "$build" --target test_backend kernel_bench -j2
 fi
-out=$root/gpu-bin
+out=${GPU_BIN:-$root/gpu-bin}  # another folder keeps bundles of parallel work apart
+case "$out" in /*) ;; *) out=$root/$out ;; esac
 rm -rf "$out"
 mkdir -p "$out/lib"
 cp "$build/test_backend" "$build/kernel_bench" "$out/"  # kernel_bench: run by tests/gpu/bench.sh
@@ -26,7 +27,8 @@ ldd "$build/test_backend" | awk '/=>/ {print $3}' | while read -r lib; do
 done
 if [[ -d "$root/.git" ]]; then  # keep the bundle out of git status
   mkdir -p "$root/.git/info"
-  grep -qsx 'gpu-bin/' "$root/.git/info/exclude" || echo 'gpu-bin/' >> "$root/.git/info/exclude"
+  name="$(basename "$out")/"
+  grep -qsx "$name" "$root/.git/info/exclude" || echo "$name" >> "$root/.git/info/exclude"
 fi
 du -sh "$out"
 ls "$out/lib"

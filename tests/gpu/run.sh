@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # run.sh (on the GPU machine, from the repo root): runs gpu-bin/test_backend (staged by
 # prepare.sh) with the bundled libraries, writes logs to $OUT, and prints a short per-op table
-# last (max normalized error, comparisons, failures). Extra arguments go to the test binary,
-# e.g. --gtest_filter=Backend.Attention. Exit status is the test binary's.
+# last (max normalized error, comparisons, failures), then the whole-model results of
+# test_model_gpu.cpp (fixtures in bf16/f32, recompute policies, the Qwen3-30B-A3B-width proxy).
+# Extra arguments go to the test binary, e.g. --gtest_filter=Backend.Attention. Exit status is
+# the test binary's.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 bin=${GPU_BIN:-$root/gpu-bin}
+case "$bin" in /*) ;; *) bin=$root/$bin ;; esac
 out=${OUT:-/tmp/moetrain-gpu-out}
 mkdir -p "$out"
 export LD_LIBRARY_PATH="$bin/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}"
@@ -27,4 +30,16 @@ awk '/^op +output +dtype/ {on = 1; next}
      END {printf "\n%-24s %6s %6s %10s\n", "op", "cmp", "fail", "max.err";
           for (o in n) printf "%-24s %6d %6d %10s\n", o, n[o], f[o] + 0, mx[o];
           print summary}' "$out/test_backend.log" | tee "$out/summary.txt"
+# Whole model: worst gradient per fixture/dtype, the loss rows, recompute and proxy lines.
+awk '/^op +output +dtype/ {on = 1; next}
+     on && $1 ~ /^(model|recompute)\./ {k = $1; err = $(NF - 2); st = $NF
+       if ($2 ~ /^grad\./) { if (!(k in g)) ng++; if (!(k in g) || err + 0 > g[k] + 0) { g[k] = err; gn[k] = $2 } }
+       else rows[++n] = sprintf("%-30s %-28s %10s %s", $1, $2, err, st)
+       if (st == "FAIL") bad[k]++}
+     END {if (n + ng == 0) exit
+          printf "\nmodel on the GPU (normalized or relative error vs transformers / the kNone run)\n"
+          for (i = 1; i <= n; ++i) print rows[i]
+          for (k in g) printf "%-30s %-28s %10s (worst gradient: %s)\n", k, "grads(max)", g[k], gn[k]
+          for (k in bad) printf "%-30s %d FAILED\n", k, bad[k]}' "$out/test_backend.log" | tee "$out/model_gpu.txt"
+grep -E "^(proxy|recompute) " "$out/test_backend.log" | tee -a "$out/model_gpu.txt"
 exit $rc

@@ -275,9 +275,10 @@ TEST(Model, EvalPassMatchesTrainPassAndKeepsNothing) {
 TEST(Model, OptionsAndBadInputsAreRejected) {
   ModelConfig cfg = tiny_config(false, true);
   ModelParams p = random_params(cfg, 1);
-  ModelOptions sel;
-  sel.recompute = Recompute::kSelective;
-  EXPECT_THROW(Qwen3Model(p, sel), Error);
+  ModelOptions no_chunk;
+  no_chunk.ce_chunk_bytes = 0;  // and ce_chunk_tokens 0: no chunk size
+  EXPECT_THROW(Qwen3Model(p, no_chunk), Error);
+  EXPECT_EQ(parse_recompute("selective"), Recompute::kSelective);
   EXPECT_EQ(parse_recompute("full"), Recompute::kFull);
   EXPECT_THROW(parse_recompute("some"), Error);
   EXPECT_EQ(parse_aux_loss_type("per_layer"), AuxLossType::kPerLayer);

@@ -43,6 +43,7 @@ struct RefResult {
   Vec logits;                      // [T,V]
   std::vector<int> routing;        // all top-k choices, for detecting flips under perturbation
   std::vector<Vec> counts;         // per sparse layer [E]
+  std::vector<double> entropy;     // per sparse layer: mean over tokens of -sum_e p log p
 };
 
 // y[r, n] = sum_k x[r, k] * W[n, k]   (x [R,K], W [N,K] at offset)
@@ -154,7 +155,7 @@ inline RefResult ref_forward(const RefParams& P, const Batch& batch, const RefOp
       const Vec& dn = P.at(pre + "mlp.experts.down_proj");     // [E,H,I]
       Vec r = ref_linear(b, T, H, P.at(pre + "mlp.gate.weight"), E);
       Vec cnt(static_cast<size_t>(E), 0.0), psum(static_cast<size_t>(E), 0.0);
-      double zl = 0;
+      double zl = 0, ent = 0;
       for (int64_t t = 0; t < T; ++t) {
         double mx = -1e300;
         for (int64_t e = 0; e < E; ++e) mx = std::max(mx, r[t * E + e]);
@@ -164,6 +165,7 @@ inline RefResult ref_forward(const RefParams& P, const Batch& batch, const RefOp
         zl += lse * lse;
         Vec p(static_cast<size_t>(E));
         for (int64_t e = 0; e < E; ++e) psum[e] += (p[e] = std::exp(r[t * E + e] - lse));
+        for (int64_t e = 0; e < E; ++e) ent -= p[e] > 0 ? p[e] * std::log(p[e]) : 0.0;
         std::vector<int> idx(static_cast<size_t>(E));
         std::iota(idx.begin(), idx.end(), 0);
         std::stable_sort(idx.begin(), idx.end(), [&](int x, int z) { return p[x] > p[z]; });
@@ -191,6 +193,7 @@ inline RefResult ref_forward(const RefParams& P, const Batch& batch, const RefOp
       aux_layers += static_cast<double>(E) * al;
       z_total += zl / static_cast<double>(T);
       res.counts.push_back(cnt);
+      res.entropy.push_back(ent / static_cast<double>(T));
     } else {
       const int64_t I = c.intermediate_size;
       const Vec& gu = P.at(pre + "mlp.gate_up_proj.weight");  // [2I,H]

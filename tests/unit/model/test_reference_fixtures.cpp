@@ -112,21 +112,25 @@ TEST_P(ReferenceFixture, LogitsLossAndGradientsMatchTransformers) {
   }
 }
 
-TEST_P(ReferenceFixture, RecomputeFullGivesTheSameGradients) {
+TEST_P(ReferenceFixture, RecomputeGivesTheSameGradients) {
   const std::string c = GetParam();
   Fixture f = load_fixture(c);
   Context ctx;
-  ModelOptions full;
-  full.recompute = Recompute::kFull;
-  Qwen3Model m0(f.params), m1(f.params, full);
+  Qwen3Model m0(f.params);
   ModelParams g0 = allocate_gradients(f.params.config, Device::cpu());
-  ModelParams g1 = allocate_gradients(f.params.config, Device::cpu());
   ForwardResult r0 = m0.forward_backward(ctx, f.batch, g0);
-  ForwardResult r1 = m1.forward_backward(ctx, f.batch, g1);
-  EXPECT_EQ(r0.loss, r1.loss);
-  auto a = hf_grads(g0), b = hf_grads(g1);
-  for (auto& [n, t] : a) {
-    EXPECT_EQ(t.to_floats(), b[n].to_floats()) << c << " " << n;
+  auto a = hf_grads(g0);
+  for (Recompute rc : {Recompute::kSelective, Recompute::kFull}) {
+    ModelOptions o;
+    o.recompute = rc;
+    Qwen3Model m1(f.params, o);
+    ModelParams g1 = allocate_gradients(f.params.config, Device::cpu());
+    ForwardResult r1 = m1.forward_backward(ctx, f.batch, g1);
+    EXPECT_EQ(r0.loss, r1.loss) << recompute_name(rc);
+    auto b = hf_grads(g1);
+    for (auto& [n, t] : a) {
+      EXPECT_EQ(t.to_floats(), b[n].to_floats()) << c << " " << recompute_name(rc) << " " << n;
+    }
   }
 }
 

@@ -9,6 +9,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <utf8proc.h>
@@ -17,6 +18,7 @@
 #include "tokenizer/byte_level.h"
 #include "tokenizer/regex_split.h"
 #include "tokenizer/unicode_text.h"
+#include "tokenizer/word_cache.h"
 
 namespace moetrain {
 namespace {
@@ -256,6 +258,44 @@ TEST(BpeMerge, StrategiesAgreeWithReferenceOnRandomTables) {
       ASSERT_EQ(heap, expect) << "trial " << trial;
     }
   }
+}
+
+// Concurrent readers and writers: every hit must return exactly the ids stored for that word
+// (ids are a function of the word), through evictions of full probe windows.
+TEST(WordCache, ConcurrentHitsAreExact) {
+  WordCache cache;
+  auto ids_for = [](const std::string& w) {
+    std::vector<int32_t> ids;
+    for (size_t k = 0; k < 1 + w.size() % 5; ++k) ids.push_back(static_cast<int32_t>(w.size() * 31 + k));
+    return ids;
+  };
+  std::vector<std::string> words;
+  for (int i = 0; i < 400000; ++i) words.push_back("w" + std::to_string(i * 2654435761u % 1000003));
+  std::atomic<size_t> hits{0}, bad{0};
+  auto work = [&](int t) {
+    std::vector<int32_t> out;
+    for (size_t i = static_cast<size_t>(t); i < words.size(); i += 3) {
+      const std::string& w = words[(i * 7) % words.size()];
+      uint64_t h = WordCache::hash_of(w);
+      out.clear();
+      if (cache.lookup(w, h, out)) {
+        ++hits;
+        if (out != ids_for(w)) ++bad;
+      } else {
+        auto ids = ids_for(w);
+        cache.insert(w, h, ids.data(), ids.size());
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 0; t < 3; ++t) pool.emplace_back(work, t);
+  for (auto& th : pool) th.join();
+  EXPECT_EQ(bad.load(), 0u);
+  EXPECT_GT(hits.load(), 10000u);
+  std::vector<int32_t> out;
+  EXPECT_FALSE(cache.lookup("never inserted", WordCache::hash_of("never inserted"), out));
+  EXPECT_FALSE(WordCache::fits(60, 1));
+  EXPECT_TRUE(WordCache::fits(10, 5));
 }
 
 std::vector<std::string> split_all(const RegexSplitter& s, std::string_view text) {

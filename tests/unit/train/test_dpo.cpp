@@ -212,11 +212,16 @@ TEST(PairLoader, EachEpochIsASeededPermutationWithTheShortTailDropped) {
   PairLoader l(10, o);
   std::vector<int64_t> ids;
   std::vector<std::vector<int64_t>> epoch0, epoch1;
-  for (int b = 0; b < 3; ++b) ASSERT_TRUE(l.next(&ids)), epoch0.push_back(ids);
-  for (int b = 0; b < 3; ++b) ASSERT_TRUE(l.next(&ids)), epoch1.push_back(ids);
+  for (int b = 0; b < 6; ++b) {
+    ASSERT_TRUE(l.next(&ids));
+    (b < 3 ? epoch0 : epoch1).push_back(ids);
+  }
   EXPECT_EQ(l.epoch(), 1);
   std::set<int64_t> seen0, seen1;
-  for (auto& v : epoch0) seen0.insert(v.begin(), v.end()), EXPECT_EQ(v.size(), 3u);
+  for (auto& v : epoch0) {
+    seen0.insert(v.begin(), v.end());
+    EXPECT_EQ(v.size(), 3u);
+  }
   for (auto& v : epoch1) seen1.insert(v.begin(), v.end());
   EXPECT_EQ(seen0.size(), 9u);  // 9 distinct pairs, the 10th (tail) dropped
   EXPECT_EQ(seen1.size(), 9u);
