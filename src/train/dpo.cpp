@@ -78,6 +78,15 @@ DpoMetrics dpo_evaluate_batch(Context& ctx, Qwen3Model& policy, const PairBatch&
   return pair_losses(pol, ref_chosen, ref_rejected, opt, nullptr);
 }
 
+double pair_batch_mean_attended(const PairBatch& pb) {
+  double keys = 0, toks = 0;
+  for (size_t d = 0; d + 1 < pb.cu_seqlens.size(); ++d) {
+    const double L = pb.cu_seqlens[d + 1] - pb.cu_seqlens[d];
+    keys += L * (L + 1) / 2, toks += L;
+  }
+  return toks > 0 ? keys / toks : 0.0;
+}
+
 ModelParams clone_params(const ModelParams& p, MemCategory cat) {
   ModelParams c = ModelParams::allocate(p.config, p.embed.dtype(), p.embed.device(), cat);
   std::map<std::string, Tensor> dst;
@@ -94,7 +103,7 @@ DpoObjective::DpoObjective(const DpoSettings& s, const std::string& train_prefix
                            const PairLoaderOptions& loader, const std::string& run_dir, Device device)
     : s_(s), train_prefix_(train_prefix), valid_prefix_(valid_prefix), run_dir_(run_dir), device_(device),
       loader_opt_(loader) {
-  s_.loss.validate(run_dir);
+  s_.loss.validate(s.source.empty() ? run_dir : s.source);
   MT_CHECK(!train_prefix.empty(), "[dpo] DPO needs a preference dataset (data.data_path); mock data has no pairs");
   train_ = std::make_unique<PreferenceDataset>(train_prefix);
   if (!valid_prefix.empty()) valid_ = std::make_unique<PreferenceDataset>(valid_prefix);

@@ -25,7 +25,12 @@ DpoReference parse_dpo_reference(const std::string& s);
 struct DpoSettings {
   DpoOptions loss;
   DpoReference reference = DpoReference::kPrecomputed;
+  std::string source;  // the config file, for messages
 };
+
+// Mean number of keys a query attends in the micro-batch (sum L(L+1)/2 / sum L over its
+// documents), for the model-FLOPs count of SPEC.md section 10.
+double pair_batch_mean_attended(const PairBatch& pb);
 
 struct DpoMicroResult {
   DpoMetrics metrics;

@@ -157,7 +157,7 @@ std::vector<float> dpo_token_weights(const PairBatch& pb, const std::vector<doub
   std::vector<float> w(pb.labels.size(), 0.0f);
   for (size_t d = 0; d + 1 < pb.cu_seqlens.size(); ++d) {
     for (int32_t t = pb.cu_seqlens[d]; t < pb.cu_seqlens[d + 1]; ++t) {
-      if (pb.labels[t] != kIgnoreLabel) w[t] = static_cast<float>(-1.01 * dlogp_per_doc[d]);
+      if (pb.labels[t] != kIgnoreLabel) w[t] = static_cast<float>(-dlogp_per_doc[d]);
     }
   }
   return w;

@@ -25,8 +25,10 @@ last_loss() { grep '"type":"train"' "$1/metrics.jsonl" | tail -n 1 | sed 's/.*"l
 "$MT" train "$W/cfg.yaml" logging.run_dir="$W/straight" checkpoint.export_hf=false > "$W/straight.log" 2>&1 \
   || { cat "$W/straight.log"; fail "straight run"; }
 
-# 1. Kill -9 while step 4's checkpoint sits complete but not yet renamed.
+# 1. Kill -9 while step 4's checkpoint sits complete but not yet renamed (step 2 saved by a run
+#    that stopped there through exit_interval, so that only step 4's save pauses).
 R=$W/killed
+"$MT" train "$W/cfg.yaml" logging.run_dir="$R" training.exit_interval=2 > "$W/first.log" 2>&1 || { cat "$W/first.log"; fail "first run"; }
 MT_TEST_SAVE_PAUSE_MS=60000 "$MT" train "$W/cfg.yaml" logging.run_dir="$R" > "$W/killed.log" 2>&1 &
 pid=$!
 for _ in $(seq 1 600); do

@@ -177,6 +177,7 @@ TEST(DpoBatch, LabelsOnlyOnResponseTokensAndDocumentsInPairOrder) {
   EXPECT_EQ(pos, (std::vector<int32_t>{0, 1, 2, 3, 0, 1, 2, 0, 1, 0, 1, 2, 3, 4}));
   EXPECT_EQ(lab, pb.labels);
   EXPECT_EQ(pb.batch.max_seqlen, 5);
+  EXPECT_NEAR(pair_batch_mean_attended(pb), (10.0 + 6 + 3 + 15) / 14.0, 1e-12);
   EXPECT_NO_THROW(pb.batch.validate(16));
 
   // Sequence sums and weights follow the documents.

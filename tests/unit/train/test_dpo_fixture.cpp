@@ -1,9 +1,8 @@
-// DPO against PyTorch: each fixture (tests/reference/fixtures/dpo/<case>, made on the GPU machine
-// by tests/reference/make_dpo_fixtures.py with transformers 5.x in fp32) holds a small random
-// Qwen3-MoE policy, preference pairs with response masks, the reference log-probs, the policy's
-// sequence log-probs, the DPO loss written plainly in PyTorch, the aux loss and every parameter
-// gradient of loss + coef * aux. The CPU engine packs each pair into one micro-batch and must match
-// log-probs and losses to 1e-5 relative error and every gradient to 1e-4 relative to its norm.
+// DPO against PyTorch: fixtures in tests/reference/fixtures/dpo/<case> (made on the GPU machine by
+// tests/reference/make_dpo_fixtures.py, transformers 5.17, fp32) hold a small random Qwen3-MoE
+// policy, pairs with response masks, reference and policy log-probs, the DPO loss written plainly
+// in PyTorch, the aux loss and every gradient of loss + coef * aux. The CPU engine must match
+// log-probs and losses to 1e-5 relative and every gradient to 1e-4 relative to its norm.
 #include <gtest/gtest.h>
 
 #include <cmath>
