@@ -1,7 +1,7 @@
 // The DPO objective (see dpo.h). One policy forward per micro-batch serves both the loss and the
-// backward: the forward runs with zero CE weights, the per-token log-probs come from its logits,
-// and the DPO weights are then written into the same loss_weights storage that the model's saved
-// batch shares, so its backward differentiates sum_t w_t CE_t = the DPO loss to first order.
+// backward: the forward runs with zero CE weights and returns the per-token NLL (= -logp), and the
+// DPO weights are then written into the loss_weights storage that the model's saved batch shares;
+// its backward recomputes the loss head with them (qwen3_model.h), i.e. differentiates the DPO loss.
 #include "train/dpo.h"
 
 #include <algorithm>
@@ -10,7 +10,6 @@
 
 #include "core/check.h"
 #include "core/log.h"
-#include "kernels/ops.h"
 
 namespace moetrain {
 
@@ -23,16 +22,6 @@ DpoReference parse_dpo_reference(const std::string& s) {
 }
 
 namespace {
-
-// Per-token log p(label | prefix) [T] f32 from logits [T,V], 0 where unlabelled.
-Tensor logprobs_from_logits(Context& ctx, const Tensor& logits, const Tensor& labels) {
-  const int64_t T = logits.size(0);
-  Tensor lp = Tensor::empty({T}, DType::kF32, logits.device(), MemCategory::kActivations);
-  Tensor lse = Tensor::empty({T}, DType::kF32, logits.device(), MemCategory::kActivations);
-  ops::cross_entropy_forward(ctx, logits, labels, Tensor(), lp, lse);  // lse - logit[label]
-  ops::scale_(ctx, lp, -1.0f);
-  return lp;
-}
 
 // Pair losses of a batch from per-document policy sums; fills the per-document derivative.
 DpoMetrics pair_losses(const std::vector<double>& pol, const std::vector<double>& ref_c,
@@ -58,10 +47,9 @@ DpoMicroResult dpo_forward_backward(Context& ctx, Qwen3Model& policy, ModelParam
                                     const DpoOptions& opt, double pair_scale) {
   DpoMicroResult res;
   pb.batch.loss_weights.zero_();
-  res.forward = policy.forward(ctx, pb.batch, Pass::kTrain, /*return_logits=*/true);
-  const std::vector<double> pol =
-      sequence_logps(logprobs_from_logits(ctx, res.forward.logits, pb.batch.labels), pb.cu_seqlens);
-  res.forward.logits = Tensor();  // the model keeps its own handle until backward
+  res.forward = policy.forward(ctx, pb.batch, Pass::kTrain);
+  std::vector<double> pol = sequence_logps(res.forward.nll, pb.cu_seqlens);  // sums of -logp
+  for (double& v : pol) v = -v;
   std::vector<double> dlogp;
   res.metrics = pair_losses(pol, ref_chosen, ref_rejected, opt, &dlogp);
   for (double& d : dlogp) d *= pair_scale;
