@@ -1,6 +1,8 @@
 // `moetrain train CONFIG.yaml [section.key=value ...]`: loads and validates the YAML config,
-// applies the overrides, and runs the trainer. --print-config prints the resolved configuration
-// and exits; --config-reference prints the Markdown table of every key (docs/config.md).
+// applies the overrides, plans the run's GPU memory (src/plan) and refuses one that will not fit
+// unless --force, then runs the trainer. --print-config prints the resolved configuration and
+// exits; --config-reference prints the Markdown table of every key (docs/config.md).
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -8,21 +10,51 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/command.h"
+#include "core/context.h"
+#include "core/log.h"
+#include "plan/plan.h"
 #include "train/config.h"
+#include "train/metrics.h"
 #include "train/trainer.h"
 
 namespace moetrain::cli {
 namespace {
 
+// The planner's check before anything is allocated. CPU runs are never refused (host memory is
+// the operating system's business). Returns false when the run must not start.
+bool plan_allows(const TrainConfig& cfg, bool force) {
+  const std::string& dev = cfg.training.device;
+  if (dev == "cpu" || cuda_device_count() == 0) return true;  // "cuda" without a GPU fails in the trainer
+  const DeviceFacts facts = Context(Device::cuda(0)).facts();
+  // One process drives one GPU; an expert-parallel config needs ep of them.
+  const int64_t gpus = std::max<int64_t>(1, cfg.parallel.expert_model_parallel_size);
+  Hardware hw = hardware_from_device(facts.name, facts.total_memory, gpus, device_peak_flops(facts, cfg.logging.peak_tflops) / 1e12);
+  if (facts.sm_count > 0) hw.sm_count = facts.sm_count;
+  const PlanResult r = plan_run(cfg, hw);
+  MT_LOG_INFO("[plan] {} on {} ({:.1f} GiB): {}", r.input.model_name, facts.name, hw.gpu_mem_bytes / 1073741824.0,
+              r.verdict.summary);
+  if (r.verdict.fits) return true;
+  std::fputs(format_plan(r).c_str(), stderr);
+  if (force) {
+    MT_LOG_WARN("[plan] the run is predicted not to fit; starting anyway because of --force");
+    return true;
+  }
+  std::fprintf(stderr, "moetrain train: %s: the planner predicts this run does not fit on %s (%s). Apply one of the "
+               "changes above, or pass --force to start anyway.\n", cfg.source.c_str(), facts.name.c_str(),
+               r.verdict.summary.c_str());
+  return false;
+}
+
 int run_train(int argc, char** argv) {
   std::string config_path;
   std::vector<std::string> overrides;
-  bool print_config = false, reference = false;
+  bool print_config = false, reference = false, force = false;
   CLI::App app{"Train (pretrain or SFT) from a YAML config; overrides look like optimizer.lr=3e-4.", "moetrain train"};
   app.add_option("config", config_path, "YAML configuration file (see docs/config.md and examples/)");
   app.add_option("overrides", overrides, "section.key=value overrides applied after the file, in order");
   app.add_flag("--print-config", print_config, "print the resolved configuration and exit");
   app.add_flag("--config-reference", reference, "print the Markdown reference of every configuration key and exit");
+  app.add_flag("--force", force, "start even when the memory planner predicts the run does not fit on the GPU");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -41,6 +73,7 @@ int run_train(int argc, char** argv) {
     std::fputs(cfg.to_yaml().c_str(), stdout);
     return 0;
   }
+  if (!plan_allows(cfg, force)) return 3;
   run_training(cfg);  // a stop by signal or exit_interval saved a checkpoint: a clean exit too
   return 0;
 }

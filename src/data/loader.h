@@ -4,6 +4,7 @@
 // a micro-batch that cannot take the next document is padding, a segment of its own with labels
 // -100. A cursor (epoch, position, offset) saved to JSON resumes the exact same batch stream.
 #pragma once
+#include "core/labels.h"
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -15,7 +16,6 @@ namespace moetrain {
 
 class IndexedDataset;
 
-constexpr int32_t kIgnoreLabel = -100;
 
 struct LoaderOptions {
   int64_t seq_length = 4096;  // tokens per micro-batch

@@ -4,6 +4,7 @@
 // (the trainer puts mask / N_global_trained_tokens there, so the CE of a micro-batch is
 // sum_t w_t * CE_t and micro-batches add up to the global mean).
 #pragma once
+#include "core/labels.h"
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -12,7 +13,6 @@
 
 namespace moetrain {
 
-constexpr int32_t kIgnoreLabel = -100;
 
 struct Batch {
   Tensor tokens;        // [T] i32

@@ -1,11 +1,13 @@
 // Allocation replay of one micro-batch (see mem_trace.h). Each function below mirrors one function
-// of model/decoder_layer.cpp or model/qwen3_model.cpp: an act_empty() there is an alloc of
-// kActivations here, a work_empty() one of kWorkspace, and a tensor going out of scope (or being
-// reset) is a free at the same point. Expert parallelism (ep > 1) is not in the model code yet:
-// its dispatch buffers follow the design in ARCHITECTURE.md and are marked as such.
+// of model/decoder_layer.cpp, qwen3_model.cpp or loss_head.cpp: an act_empty() there is an alloc
+// of kActivations here, a work_empty() one of kWorkspace, and a tensor going out of scope (or being
+// reset) is a free at the same point; CUDA ops' device_scratch() is a kWorkspace alloc+free. Expert
+// parallelism (ep > 1) is not in the model code yet: its dispatch buffers follow ARCHITECTURE.md.
 #include "plan/mem_trace.h"
 
 #include <algorithm>
+#include <cmath>
+#include <functional>
 
 namespace moetrain {
 
@@ -122,88 +124,150 @@ Dims dims_of(const ModelConfig& c, const TraceShape& s) {
 }
 
 struct LayerIds {
-  int x = -1;               // the layer input (owned here once the layer is saved)
+  int x = -1;               // the layer input (owned by the previous layer / the embedding)
   std::vector<int> saved;   // everything else LayerActs holds
-  std::vector<int> cheap;   // the subset selective recompute drops (outputs of elementwise ops)
+  std::vector<int> dropped; // the [S] fields selective recompute drops (drop_recomputable)
 };
+
+int64_t chunks_of(double rows) { return static_cast<int64_t>(std::min(rows, 256.0)); }  // kMaxChunks
+
+// CUDA rmsnorm_backward: f32 partial dw sums, min(R, 256) x D.
+void rmsnorm_bwd_scratch(Trace& t, const TraceShape& s, double rows, double D) {
+  if (!s.on_cuda) return;
+  t.free(t.alloc(TraceGroup::kLayerTemp, kWork, static_cast<double>(chunks_of(rows)) * D * 4, "rmsnorm dw partials"));
+}
+
+// CUDA attention_backward scratch: flash path (bf16, d 64/128) dsum [nh,T] + dK/dV partials of
+// `splits` CTAs per KV head; the reference path dsum only.
+void attention_bwd_scratch(Trace& t, const ModelConfig& c, const Dims& d, const TraceShape& s) {
+  if (!s.on_cuda) return;
+  const int64_t hd = c.head_dim, nh = static_cast<int64_t>(d.nh), nkv = static_cast<int64_t>(d.nkv);
+  const int64_t T = static_cast<int64_t>(d.T);
+  double bytes = static_cast<double>(nh * T) * 4;
+  if (s.dtype_bytes == 2 && (hd == 64 || hd == 128)) {
+    const int64_t kv_tiles = (T + 63) / 64, group = std::max<int64_t>(1, nh / std::max<int64_t>(1, nkv));
+    const int64_t want = 4 * std::max(1, s.sm_count);
+    int64_t splits = 1;
+    while (splits < group && kv_tiles * nkv * splits < want) {
+      int64_t nx = splits + 1;
+      while (group % nx) ++nx;
+      splits = nx;
+    }
+    bytes += 2.0 * static_cast<double>(splits * T * nkv * hd) * 4;
+  }
+  t.free(t.alloc(TraceGroup::kLayerTemp, kWork, bytes, "attention backward scratch"));
+}
+
+// logsumexp_rows: a zero label vector and discarded losses, both [T] workspace.
+void logsumexp_temps(Trace& t, double T) {
+  const int l0 = t.alloc(TraceGroup::kLayerTemp, kWork, T * 4, "label0 [T] i32");
+  const int un = t.alloc(TraceGroup::kLayerTemp, kWork, T * 4, "unused losses [T] f32");
+  t.free(l0);
+  t.free(un);
+}
+
+// qk_norm_rope: qn, kn scratch around the q, k activations.
+void qk_norm_rope(Trace& t, const Dims& d, TraceGroup g, const std::function<int(double, const char*, bool)>& A) {
+  const double T = d.T, dt = d.dt;
+  const int qn = t.alloc(TraceGroup::kLayerTemp, kWork, T * d.qw * dt, "qn");
+  const int kn = t.alloc(TraceGroup::kLayerTemp, kWork, T * d.kvw * dt, "kn");
+  A(T * d.qw * dt, "q (normed, RoPE) [T,nh*d]", true);
+  A(T * d.kvw * dt, "k (normed, RoPE) [T,nkv*d]", true);
+  t.free(qn);
+  t.free(kn);
+  (void)g;
+}
 
 // decoder_layer_forward (attention_forward_part + dense/moe ffn forward); returns `out`.
 int layer_forward(Trace& t, const Dims& d, const TraceShape& s, bool sparse, int x, TraceGroup g, LayerIds& ids) {
   ids.x = x;
-  auto A = [&](double bytes, const char* name, bool cheap = false) {
+  std::function<int(double, const char*, bool)> A = [&](double bytes, const char* name, bool dropped) {
     const int id = t.alloc(g, kAct, bytes, name);
     ids.saved.push_back(id);
-    if (cheap) ids.cheap.push_back(id);
+    if (dropped) ids.dropped.push_back(id);
     return id;
   };
   const double T = d.T, dt = d.dt;
   A(T * d.H * dt, "a (input RMSNorm out) [T,H]", true);
-  A(T * 4, "rstd_in [T] f32");
-  A(T * d.qw * dt, "q_raw [T,nh*d]");
-  A(T * d.kvw * dt, "k_raw [T,nkv*d]");
-  A(T * d.kvw * dt, "v [T,nkv*d]");
-  const int qn = t.alloc(TraceGroup::kLayerTemp, kWork, T * d.qw * dt, "qn");
-  const int kn = t.alloc(TraceGroup::kLayerTemp, kWork, T * d.kvw * dt, "kn");
-  A(T * d.nh * 4, "q_rstd [T*nh] f32");
-  A(T * d.nkv * 4, "k_rstd [T*nkv] f32");
-  A(T * d.qw * dt, "q (normed, RoPE) [T,nh*d]", true);
-  A(T * d.kvw * dt, "k (normed, RoPE) [T,nkv*d]", true);
-  A(T * d.qw * dt, "attn (attention out) [T,nh*d]");
-  A(T * d.nh * 4, "lse [nh,T] f32");
-  A(T * d.H * dt, "h (after attention residual) [T,H]");
-  t.free(qn);
-  t.free(kn);
+  A(T * 4, "rstd_in [T] f32", false);
+  A(T * d.qw * dt, "q_raw [T,nh*d]", false);
+  A(T * d.kvw * dt, "k_raw [T,nkv*d]", false);
+  A(T * d.kvw * dt, "v [T,nkv*d]", false);
+  A(T * d.nh * 4, "q_rstd [T*nh] f32", false);
+  A(T * d.nkv * 4, "k_rstd [T*nkv] f32", false);
+  qk_norm_rope(t, d, g, A);
+  A(T * d.qw * dt, "attn (attention out) [T,nh*d]", true);
+  A(T * d.nh * 4, "lse [nh,T] f32", true);
+  A(T * d.H * dt, "h (after attention residual) [T,H]", false);
   A(T * d.H * dt, "b (post-attention RMSNorm out) [T,H]", true);
-  A(T * 4, "rstd_post [T] f32");
-  int y = -1;
-  std::vector<int> transient;
+  A(T * 4, "rstd_post [T] f32", false);
+  const TraceGroup out_group = g == TraceGroup::kRecomputed ? TraceGroup::kLayerTemp : TraceGroup::kSaved;
   if (!sparse) {
-    A(T * 2 * d.I_dense * dt, "gu (dense gate|up) [T,2I]");
+    A(T * 2 * d.I_dense * dt, "gu (dense gate|up) [T,2I]", false);
     A(T * d.I_dense * dt, "act (dense SwiGLU) [T,I]", true);
-    y = t.alloc(TraceGroup::kLayerTemp, kWork, T * d.H * dt, "y");
-  } else {
-    // linear() output in the activation dtype, then its f32 copy (the same tensor when f32).
-    if (dt == 4) {
-      A(T * d.E * 4, "router_logits [T,E] f32");
-    } else {
-      const int rl = t.alloc(TraceGroup::kLayerTemp, kAct, T * d.E * dt, "router logits (bf16)");
-      A(T * d.E * 4, "router_logits [T,E] f32");
-      t.free(rl);
-    }
-    A(T * d.E * 4, "probs [T,E] f32");
-    A(T * d.k * 4, "topk_idx [T,k] i32");
-    A(T * d.k * 4, "topk_w [T,k] f32");
-    if (s.z_loss) A(T * 4, "z_lse [T] f32");
-    A(d.E * 4, "counts [E] i32");
-    A((d.E + 1) * 4, "offsets [E+1] i32");
-    A(d.Tk * 4, "row_of [T*k] i32");
-    A(d.Tk * 4, "token_of [T*k] i32");
-    if (s.ep == 1) {
-      A(d.Tk * d.H * dt, "xp (permuted expert inputs) [T*k,H]", true);
-      A(d.Tk * 2 * d.I_moe * dt, "gu (expert gate|up) [T*k,2I]");
-      A(d.Tk * d.I_moe * dt, "act (expert SwiGLU) [T*k,I]", true);
-      A(d.Tk * d.H * dt, "yp (expert outputs) [T*k,H]");
-    } else {
-      // EP (planning): permuted rows go out by all-to-all; this rank's experts get R rows.
-      const int send = t.alloc(TraceGroup::kDispatch, kWork, d.Tk * d.H * dt, "dispatch send [T*k,H]");
-      ids.saved.push_back(t.alloc(TraceGroup::kDispatch, kAct, d.R * d.H * dt, "xp received [R,H]"));
-      t.free(send);
-      A(d.R * 2 * d.I_moe * dt, "gu (expert gate|up) [R,2I]");
-      A(d.R * d.I_moe * dt, "act (expert SwiGLU) [R,I]", true);
-      const int yp = t.alloc(TraceGroup::kDispatch, kWork, d.R * d.H * dt, "expert outputs [R,H]");
-      ids.saved.push_back(t.alloc(TraceGroup::kDispatch, kAct, d.Tk * d.H * dt, "yp combined back [T*k,H]"));
-      t.free(yp);
-    }
-    y = t.alloc(TraceGroup::kLayerTemp, kWork, T * d.H * dt, "y");
+    return t.alloc(out_group, kAct, T * d.H * dt, "out (down proj + h; next layer's x) [T,H]");
   }
-  const int out = t.alloc(g == TraceGroup::kRecomputed ? TraceGroup::kLayerTemp : TraceGroup::kSaved, kAct,
-                          T * d.H * dt, "out (next layer's x) [T,H]");
-  t.free(y);
-  return out;
+  A(T * d.E * 4, "router_logits [T,E] f32", false);
+  A(T * d.E * 4, "probs [T,E] f32", false);
+  A(T * d.k * 4, "topk_idx [T,k] i32", false);
+  A(T * d.k * 4, "topk_w [T,k] f32", false);
+  if (s.z_loss) {
+    A(T * 4, "z_lse [T] f32", false);
+    logsumexp_temps(t, T);
+  }
+  A(d.E * 4, "counts [E] i32", false);
+  A((d.E + 1) * 4, "offsets [E+1] i32", false);
+  A(d.Tk * 4, "row_of [T*k] i32", false);
+  A(d.Tk * 4, "token_of [T*k] i32", false);
+  if (s.on_cuda)  // moe_route_index: 3 x Tk i32 (CUB's sort storage, a few KiB, is left out)
+    t.free(t.alloc(TraceGroup::kLayerTemp, kWork, std::ceil(3 * d.Tk * 4 / 256) * 256, "route index scratch"));
+  if (s.ep == 1) {
+    A(d.Tk * d.H * dt, "xp (permuted expert inputs) [T*k,H]", true);
+    A(d.Tk * 2 * d.I_moe * dt, "gu (expert gate|up) [T*k,2I]", false);
+    A(d.Tk * d.I_moe * dt, "act (expert SwiGLU) [T*k,I]", true);
+    A(d.Tk * d.H * dt, "yp (expert outputs) [T*k,H]", false);
+  } else {
+    // EP (planning): permuted rows go out by all-to-all; this rank's experts get R rows.
+    const int send = t.alloc(TraceGroup::kDispatch, kWork, d.Tk * d.H * dt, "dispatch send [T*k,H]");
+    const int xr = t.alloc(TraceGroup::kDispatch, kAct, d.R * d.H * dt, "xp received [R,H]");
+    ids.saved.push_back(xr);
+    ids.dropped.push_back(xr);
+    t.free(send);
+    A(d.R * 2 * d.I_moe * dt, "gu (expert gate|up) [R,2I]", false);
+    A(d.R * d.I_moe * dt, "act (expert SwiGLU) [R,I]", true);
+    const int yp = t.alloc(TraceGroup::kDispatch, kWork, d.R * d.H * dt, "expert outputs [R,H]");
+    ids.saved.push_back(t.alloc(TraceGroup::kDispatch, kAct, d.Tk * d.H * dt, "yp combined back [T*k,H]"));
+    t.free(yp);
+  }
+  return t.alloc(out_group, kAct, T * d.H * dt, "out (unpermuted experts + h; next layer's x) [T,H]");
 }
 
-// decoder_layer_backward; `ids` are the layer's saved tensors (freed by the caller).
-void layer_backward(Trace& t, const Dims& d, const TraceShape& s, bool sparse) {
+// restore_recomputed (selective recompute): the [S] fields again, as activations.
+std::vector<int> layer_restore(Trace& t, const Dims& d, const TraceShape& s, bool sparse) {
+  const double T = d.T, dt = d.dt;
+  std::vector<int> re;
+  std::function<int(double, const char*, bool)> A = [&](double bytes, const char* name, bool) {
+    const int id = t.alloc(TraceGroup::kRecomputed, kAct, bytes, name);
+    re.push_back(id);
+    return id;
+  };
+  auto W = [&](double bytes, const char* name) { return t.alloc(TraceGroup::kLayerTemp, kWork, bytes, name); };
+  const int rstd = W(T * 4, "rstd (recomputed) [T]");
+  A(T * d.H * dt, "a", true);
+  const int qr = W(T * d.nh * 4, "q_rstd (recomputed)"), kr = W(T * d.nkv * 4, "k_rstd (recomputed)");
+  qk_norm_rope(t, d, TraceGroup::kRecomputed, A);
+  A(T * d.qw * dt, "attn", true);
+  A(T * d.nh * 4, "lse", true);
+  A(T * d.H * dt, "b", true);
+  const double rows = sparse ? (s.ep == 1 ? d.Tk : d.R) : T;
+  if (sparse) A(rows * d.H * dt, "xp", true);
+  A(rows * (sparse ? d.I_moe : d.I_dense) * dt, "act", true);
+  for (int id : {rstd, qr, kr}) t.free(id);
+  return re;
+}
+
+// decoder_layer_backward; the layer's saved tensors are freed by the caller.
+void layer_backward(Trace& t, const ModelConfig& c, const Dims& d, const TraceShape& s, bool sparse) {
   const double T = d.T, dt = d.dt;
   auto W = [&](double bytes, const char* name) { return t.alloc(TraceGroup::kLayerTemp, kWork, bytes, name); };
   const int db = W(T * d.H * dt, "db");
@@ -225,7 +289,7 @@ void layer_backward(Trace& t, const Dims& d, const TraceShape& s, bool sparse) {
     if (s.ep > 1) at_end.push_back(t.alloc(TraceGroup::kDispatch, kWork, d.Tk * d.H * dt, "dxp back [T*k,H]"));
     if (s.aux_grad) at_end.push_back(W(T * d.E * 4, "dprobs"));
     at_end.push_back(W(T * d.E * 4, "dlogits (router)"));
-    if (dt != 4) at_end.push_back(W(T * d.E * dt, "dlogits (router, bf16)"));
+    if (dt != 4) at_end.push_back(W(T * d.E * dt, "dlogits (router, compute dtype)"));
     for (int id : at_end) t.free(id);
   } else {
     const int dact = W(T * d.I_dense * dt, "dact");
@@ -234,57 +298,83 @@ void layer_backward(Trace& t, const Dims& d, const TraceShape& s, bool sparse) {
     t.free(dgu);
   }
   const int dh_part = W(T * d.H * dt, "dh_part");
+  rmsnorm_bwd_scratch(t, s, T, d.H);
   t.free(db);
   t.free(dh_part);
   // attention_backward_part
   const int dattn = W(T * d.qw * dt, "dattn");
   const int dq = W(T * d.qw * dt, "dq"), dk = W(T * d.kvw * dt, "dk"), dv = W(T * d.kvw * dt, "dv");
+  attention_bwd_scratch(t, c, d, s);
   t.free(dattn);
   const int dqn = W(T * d.qw * dt, "dqn"), dkn = W(T * d.kvw * dt, "dkn");
+  rmsnorm_bwd_scratch(t, s, T * d.nh, static_cast<double>(c.head_dim));
+  rmsnorm_bwd_scratch(t, s, T * d.nkv, static_cast<double>(c.head_dim));
   t.free(dqn);
   t.free(dkn);
   const int da = W(T * d.H * dt, "da");
   const int dx = W(T * d.H * dt, "dx");
+  rmsnorm_bwd_scratch(t, s, T, d.H);
   for (int id : {da, dx, dq, dk, dv}) t.free(id);
 }
 
 struct ForwardState {
   std::vector<LayerIds> layers;
-  std::vector<int> router_keep, router_drop;
-  std::vector<int> batch;
-  int hl = -1, fn = -1, rstd = -1, logits = -1, lse = -1;
+  std::vector<int> batch, stats;  // stats_ and aux_counts_total_ (freed by release())
+  int hl = -1, fn = -1, rstd = -1, nll = -1, dh = -1;
 };
 
-// Qwen3Model::forward (kTrain) of one micro-batch on this stage.
-ForwardState forward(Trace& t, const ModelConfig& c, const Dims& d, const TraceShape& s) {
+// Qwen3Model::run_forward_ (kTrain) of one micro-batch on this stage, with the head fused
+// (forward_backward: the head's backward runs here and leaves dh) or not (DPO's forward()).
+ForwardState forward(Trace& t, const ModelConfig& c, const Dims& d, const TraceShape& s, bool& ones_pending) {
   ForwardState f;
   const double T = d.T, dt = d.dt;
-  if (s.batch_on_device) {  // Batch::to(device): tokens, positions, cu_seqlens, labels, weights
-    for (const char* n : {"tokens", "positions"}) f.batch.push_back(t.alloc(TraceGroup::kBatch, kAct, T * 4, n));
-    f.batch.push_back(t.alloc(TraceGroup::kBatch, kAct, (static_cast<double>(s.num_docs) + 1) * 4, "cu_seqlens"));
-    for (const char* n : {"labels", "loss_weights"}) f.batch.push_back(t.alloc(TraceGroup::kBatch, kAct, T * 4, n));
+  if (s.batch_on_device) {  // the trainer's Batch: tokens, positions, cu_seqlens, labels, loss_weights
+    const MemCategory bc = s.on_cuda ? kAct : MemCategory::kOther;
+    for (const char* n : {"tokens", "positions"}) f.batch.push_back(t.alloc(TraceGroup::kBatch, bc, T * 4, n));
+    f.batch.push_back(t.alloc(TraceGroup::kBatch, bc, (static_cast<double>(s.num_docs) + 1) * 4, "cu_seqlens"));
+    for (const char* n : {"labels", "loss_weights"}) f.batch.push_back(t.alloc(TraceGroup::kBatch, bc, T * 4, n));
   }
+  if (!s.on_cuda) {  // Batch::validate reads tokens, positions, cu_seqlens, labels through host copies
+    std::vector<int> v;
+    for (double b : {T * 4, T * 4, (static_cast<double>(s.num_docs) + 1) * 4, T * 4})
+      v.push_back(t.alloc(TraceGroup::kBatch, MemCategory::kOther, b, "batch validation copy"));
+    for (int id : v) t.free(id);
+  }
+  int64_t num_sparse = 0;  // the packed statistics cover every sparse layer of the model
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) num_sparse += c.is_sparse_layer(l);
+  f.stats.push_back(t.alloc(TraceGroup::kRouterStats, kAct, (1 + static_cast<double>(num_sparse) * (2 * d.E + 3)) * 4,
+                            "packed statistics (ce, router) f32"));
+  if (num_sparse > 0) f.stats.push_back(t.alloc(TraceGroup::kRouterStats, kAct, d.E * 4, "aux counts total [E] f32"));
   int h = t.alloc(TraceGroup::kSaved, kAct, T * d.H * dt, "embedding output [T,H]");
-  int64_t num_sparse = 0;
-  for (int64_t l = s.first_layer; l < s.first_layer + s.num_layers; ++l) num_sparse += c.is_sparse_layer(l);
-  if (num_sparse > 0) {
-    f.router_keep.push_back(t.alloc(TraceGroup::kRouterStats, kAct, d.E * 4, "counts_total"));
-    f.router_drop.push_back(t.alloc(TraceGroup::kRouterStats, kAct, d.E * 4, "prob_sum_total"));
-  }
   for (int64_t l = s.first_layer; l < s.first_layer + s.num_layers; ++l) {
     const bool sparse = c.is_sparse_layer(l);
     t.phase(sparse ? "forward (MoE layer)" : "forward (dense layer)");
     LayerIds ids;
     const int out = layer_forward(t, d, s, sparse, h, TraceGroup::kSaved, ids);
     if (sparse) {
-      f.router_keep.push_back(t.alloc(TraceGroup::kRouterStats, kAct, d.E * 4, "counts[l]"));
-      f.router_drop.push_back(t.alloc(TraceGroup::kRouterStats, kAct, d.E * 4, "prob_sum[l]"));
+      if (s.on_cuda)  // router_stats partial histograms
+        t.free(t.alloc(TraceGroup::kLayerTemp, kWork, static_cast<double>(chunks_of(T)) * d.E * 8, "router stats scratch"));
+      if (s.router_stats) {
+        int lse = -1;
+        if (!s.z_loss) {
+          lse = t.alloc(TraceGroup::kLayerTemp, kWork, T * 4, "router lse [T] f32");
+          logsumexp_temps(t, T);
+        }
+        if (ones_pending) {  // Qwen3Model::ones_: built on the host, copied into a kept workspace tensor
+          const double m = std::max(T, 1024.0) * 4;
+          const int host = s.on_cuda ? -1 : t.alloc(TraceGroup::kLayerTemp, MemCategory::kOther, m, "ones (host)");
+          t.alloc(TraceGroup::kLayerTemp, kWork, m, "ones cache (kept by the model)");
+          t.free(host);
+          ones_pending = false;
+        }
+        t.free(lse);
+      }
     }
-    if (s.recompute == Recompute::kFull) {  // scratch dies at the end of the iteration; x stays
+    if (s.recompute == Recompute::kFull) {  // only x stays (held as acts_[l].x)
       for (int id : ids.saved) t.free(id);
       ids.saved.clear();
-    } else if (s.recompute == Recompute::kSelective) {  // planning: elementwise outputs are not kept
-      for (int id : ids.cheap) {
+    } else if (s.recompute == Recompute::kSelective) {  // drop_recomputable
+      for (int id : ids.dropped) {
         t.free(id);
         ids.saved.erase(std::find(ids.saved.begin(), ids.saved.end(), id));
       }
@@ -298,39 +388,37 @@ ForwardState forward(Trace& t, const ModelConfig& c, const Dims& d, const TraceS
   const double rows = s.ce_chunk > 0 ? std::min<double>(static_cast<double>(s.ce_chunk), T) : T;
   f.fn = t.alloc(TraceGroup::kHead, kAct, T * d.H * dt, "final norm out [T,H]");
   f.rstd = t.alloc(TraceGroup::kHead, kAct, T * 4, "final rstd [T]");
-  f.logits = t.alloc(TraceGroup::kHead, kAct, rows * d.V * dt, "logits [T,V]");
-  const int losses = t.alloc(TraceGroup::kHead, kWork, T * 4, "losses [T]");
-  f.lse = t.alloc(TraceGroup::kHead, kAct, T * 4, "ce lse [T]");
-  if (s.ce_chunk > 0 && rows < T) {  // chunked head: the gradient is formed chunk by chunk in forward
-    const int g = t.alloc(TraceGroup::kHeadGrad, kWork, rows * d.V * dt, "dlogits chunk");
-    t.free(g);
-    t.free(f.logits);
-    f.logits = -1;
+  f.nll = t.alloc(TraceGroup::kHead, kAct, T * 4, "nll [T] f32 (returned)");
+  const int lse = t.alloc(TraceGroup::kHead, kWork, T * 4, "ce lse [T]");
+  int dx = -1;
+  if (s.fused_head) dx = t.alloc(TraceGroup::kHeadGrad, kWork, T * d.H * dt, "d(final norm out) [T,H]");
+  t.free(t.alloc(TraceGroup::kHead, kWork, rows * d.V * dt, "logits/dlogits chunk [rows,V]"));
+  if (s.fused_head) {
+    f.dh = t.alloc(TraceGroup::kHeadGrad, kWork, T * d.H * dt, "dh [T,H]");
+    rmsnorm_bwd_scratch(t, s, T, d.H);
+    for (int id : {f.fn, f.rstd, dx, f.hl}) t.free(id);
+    f.fn = f.rstd = f.hl = -1;
   }
-  t.free(losses);
-  for (int id : f.router_drop) t.free(id);  // RouterTotals go out of scope; counts stay for backward
-  f.router_drop.clear();
+  t.free(lse);
   return f;
 }
 
 // Qwen3Model::backward of the micro-batch `f`.
 void backward(Trace& t, const ModelConfig& c, const Dims& d, const TraceShape& s, ForwardState& f) {
   const double T = d.T, dt = d.dt;
-  int dh = -1;
-  if (s.head) {
+  int dh = f.dh;
+  if (s.head && dh < 0) {  // the head recomputed chunk by chunk (forward() then backward())
     t.phase("loss head backward");
-    dh = t.alloc(TraceGroup::kHeadGrad, kWork, T * d.H * dt, "dh [T,H]");
     const double rows = s.ce_chunk > 0 ? std::min<double>(static_cast<double>(s.ce_chunk), T) : T;
-    int dlogits = -1;
-    if (f.logits >= 0) {
-      dlogits = t.alloc(TraceGroup::kHeadGrad, kWork, rows * d.V * dt, "dlogits [T,V]");
-      t.free(f.logits);
-    }
-    const int dfn = t.alloc(TraceGroup::kHeadGrad, kWork, T * d.H * dt, "dfn [T,H]");
-    for (int id : {f.hl, f.fn, f.rstd}) t.free(id);
-    t.free(dfn);
-    t.free(dlogits);
-  } else {
+    const int nll = t.alloc(TraceGroup::kHeadGrad, kWork, T * 4, "nll (recomputed) [T]");
+    const int lse = t.alloc(TraceGroup::kHeadGrad, kWork, T * 4, "lse (recomputed) [T]");
+    const int dx = t.alloc(TraceGroup::kHeadGrad, kWork, T * d.H * dt, "d(final norm out) [T,H]");
+    t.free(t.alloc(TraceGroup::kHead, kWork, rows * d.V * dt, "logits/dlogits chunk [rows,V]"));
+    t.free(f.fn);
+    dh = t.alloc(TraceGroup::kHeadGrad, kWork, T * d.H * dt, "dh [T,H]");
+    rmsnorm_bwd_scratch(t, s, T, d.H);
+    for (int id : {nll, lse, dx, f.hl, f.rstd}) t.free(id);
+  } else if (!s.head) {
     // A pipeline stage without the head receives d(output) and frees its output.
     dh = t.alloc(TraceGroup::kHeadGrad, kWork, T * d.H * dt, "received dh [T,H]");
     t.free(f.hl);
@@ -339,30 +427,29 @@ void backward(Trace& t, const ModelConfig& c, const Dims& d, const TraceShape& s
     const int64_t l = s.first_layer + i;
     const bool sparse = c.is_sparse_layer(l);
     LayerIds& ids = f.layers[static_cast<size_t>(i)];
+    std::vector<int> extra;
     if (s.recompute == Recompute::kSelective) {
       t.phase(sparse ? "backward (MoE layer, selective)" : "backward (dense layer, selective)");
-      std::vector<int> re;
-      for (int id : ids.cheap) re.push_back(t.alloc(TraceGroup::kRecomputed, kAct, t.allocs()[id].bytes, "recomputed"));
-      layer_backward(t, d, s, sparse);
-      for (int id : re) t.free(id);
+      extra = layer_restore(t, d, s, sparse);
     } else if (s.recompute == Recompute::kFull) {
       t.phase(sparse ? "backward (MoE layer, recomputed)" : "backward (dense layer, recomputed)");
       LayerIds re;
-      const int out = layer_forward(t, d, s, sparse, ids.x, TraceGroup::kRecomputed, re);
-      t.free(out);  // the recomputed output is discarded at once
-      layer_backward(t, d, s, sparse);
-      for (int id : re.saved) t.free(id);
+      t.free(layer_forward(t, d, s, sparse, ids.x, TraceGroup::kRecomputed, re));  // the output is discarded
+      extra = re.saved;
     } else {
       t.phase(sparse ? "backward (MoE layer)" : "backward (dense layer)");
-      layer_backward(t, d, s, sparse);
     }
-    for (int id : ids.saved) t.free(id);  // acts_[l].clear()
+    layer_backward(t, c, d, s, sparse);
+    for (int id : extra) t.free(id);
+    for (int id : ids.saved) t.free(id);
     t.free(ids.x);
   }
   t.phase("end of backward");
-  for (int id : f.router_keep) t.free(id);  // release()
-  t.free(f.lse);
+  if (s.on_cuda)  // embedding_backward: 3 x T i32 sort keys/values (CUB's storage left out)
+    t.free(t.alloc(TraceGroup::kLayerTemp, kWork, std::ceil(3 * T * 4 / 256) * 256, "embedding backward scratch"));
+  for (int id : f.stats) t.free(id);  // release() and finish_()
   t.free(dh);
+  t.free(f.nll);                        // the trainer's ForwardResult
   for (int id : f.batch) t.free(id);
 }
 
@@ -371,13 +458,12 @@ void backward(Trace& t, const ModelConfig& c, const Dims& d, const TraceShape& s
 TraceResult trace_micro_batch(const ModelConfig& cfg, const TraceShape& s) {
   Trace t;
   const Dims d = dims_of(cfg, s);
-  // Selective recompute (planning-only; the model rejects it today) keeps the matmul and
-  // attention outputs and recomputes norms, RoPE, SwiGLU and the permutation in backward.
   std::vector<ForwardState> fs;
   const int64_t n = std::max<int64_t>(1, s.in_flight);
+  bool ones_pending = s.ones_cache;
   for (int64_t m = 0; m < n; ++m) {
     t.phase("forward");
-    fs.push_back(forward(t, cfg, d, s));
+    fs.push_back(forward(t, cfg, d, s, ones_pending));
   }
   for (auto& f : fs) backward(t, cfg, d, s, f);
   return t.analyze();

@@ -1,7 +1,8 @@
 // Replays, as a list of alloc/free events with byte sizes, the device allocations of one training
-// micro-batch (forward, loss head, backward) in the order model/qwen3_model.cpp and
-// model/decoder_layer.cpp make them, then reads the per-category and total peaks off the replay.
-// Keep it in step with those files; docs/design/planner.md lists the tensors.
+// micro-batch (forward, chunked loss head, backward) in the order model/qwen3_model.cpp,
+// decoder_layer.cpp and loss_head.cpp make them (plus the CUDA ops' internal scratch), then reads
+// the per-category and total peaks off the replay. Keep it in step with those files;
+// docs/design/planner.md lists the tensors.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -25,10 +26,15 @@ struct TraceShape {
   int64_t width_div = 1;     // tp: head-split widths (q, k, v, attention, dense MLP) divide by it
   int64_t ep = 1;
   int64_t in_flight = 1;     // micro-batches whose activations are held at once (pipeline stage 0)
-  int64_t ce_chunk = 0;      // > 0: the head runs in token chunks of this size (planning)
+  int64_t ce_chunk = 0;      // loss-head rows per chunk (loss_head_chunk_rows); 0: all T rows
   int dtype_bytes = 2;       // activation dtype: 2 (bf16 on GPU) or 4 (f32 CPU path)
   bool head = true;          // final norm + lm_head + CE on this stage
-  bool batch_on_device = true;  // the Batch tensors are copied into the activation category
+  bool fused_head = true;    // forward_backward (SFT/pretrain); false: forward + backward (DPO)
+  bool batch_on_device = true;  // the trainer's Batch tensors are allocated inside the step
+  bool on_cuda = true;       // CUDA ops' scratch counted; false: CPU path (batch and host temps in kOther)
+  int sm_count = 132;        // flash-attention backward splits depend on it (H100/H200: 132)
+  bool router_stats = true;  // ModelOptions::router_stats (logging.log_expert_load)
+  bool ones_cache = true;    // the model's cached ones vector is first allocated in this micro-batch
   bool aux_grad = true;      // the aux loss has a gradient (coefficient != 0)
   bool z_loss = false;
   Recompute recompute = Recompute::kNone;

@@ -147,6 +147,7 @@ PlanInput PlanInput::from_config(const TrainConfig& cfg, const Hardware& hw) {
   in.distributed_optimizer = cfg.parallel.use_distributed_optimizer;
   in.aux_loss = cfg.model.moe_aux_loss_coeff > 0;
   in.z_loss = cfg.model.moe_z_loss_coeff > 0;
+  in.router_stats = cfg.logging.log_expert_load;
   in.train_iters = cfg.training.train_iters;
   in.keep_last = cfg.checkpoint.keep_last;
   in.freeze = cfg.model.freeze;
@@ -311,8 +312,6 @@ PlanResult plan(const PlanInput& in, const Hardware& hw) {
   if (!in.layout.runnable())
     r.notes.push_back("tensor, pipeline and context parallelism are planning-only: moetrain runs data and expert parallelism");
   if (in.layout.ep > 1) r.notes.push_back("expert-parallel dispatch buffers follow the design (all-to-all), not yet the model code");
-  if (in.recompute == Recompute::kSelective)
-    r.notes.push_back("selective recompute is planning-only (the model accepts none or full)");
   if (in.optimizer != OptimizerKind::kAdamW)
     r.notes.push_back(fmt::format("optimizer {} is planning-only until src/optim implements it", optimizer_kind_name(in.optimizer)));
   if (in.objective == Objective::kDpo)

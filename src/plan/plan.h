@@ -29,7 +29,8 @@ const char* objective_name(Objective o);
 Objective parse_objective(const std::string& s);
 
 // Planning constants (documented in docs/design/planner.md; change them there too).
-inline constexpr int64_t kCeChunkTokens = 0;           // 0: the head materializes [T,V] logits (what the model does now)
+inline constexpr int64_t kCeChunkTokens = 0;           // 0: rows that fit kCeChunkBytes (ModelOptions' default)
+inline constexpr size_t kCeChunkBytes = size_t{256} << 20;  // ModelOptions::ce_chunk_bytes
 inline constexpr double kDefaultImbalance = 1.5;       // worst-case max/mean routed rows per EP rank
 inline constexpr double kFragmentation = 0.05;         // caching-allocator slack, fraction of the dynamic peak
 inline constexpr double kCudaRuntimeBytes = 768.0 * (1 << 20);    // CUDA context, cuBLAS/cuDNN handles, module images
@@ -51,6 +52,7 @@ struct Hardware {
   double peak_tflops = 0;     // dense bf16
   double mfu = 0.30;          // model-FLOPs utilization assumed (or measured) for the time estimate
   bool cpu = false;           // plan the CPU reference path (f32 weights, everything in host memory)
+  int sm_count = 132;         // streaming multiprocessors (flash-attention backward scratch); H100/H200: 132
 
   // "h100" (80 GB, 989), "h200" (141 GB, 989), "mi300x" (192 GB, 1307), "a100" (80 GB, 312), "cpu".
   static Hardware preset(const std::string& name, int64_t num_gpus = 1);
@@ -84,6 +86,7 @@ struct PlanInput {
   bool distributed_optimizer = true;
   bool aux_loss = true;
   bool z_loss = false;
+  bool router_stats = true;        // logging.log_expert_load (device reductions need a little scratch)
   double imbalance = kDefaultImbalance;
   int64_t ce_chunk_tokens = kCeChunkTokens;
   double token_budget = 0;         // tokens to train on (0: train_iters * tokens per step)

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "core/check.h"
+#include "model/loss_head.h"
 #include "model/params.h"
 #include "optim/name_pattern.h"
 #include "plan/mem_trace.h"
@@ -192,10 +193,15 @@ StagePlan plan_stage(const PlanInput& in, const Hardware& hw, int64_t first, int
   ts.width_div = lay.tp;
   ts.ep = lay.ep;
   ts.in_flight = in_flight;
-  ts.ce_chunk = in.ce_chunk_tokens;
   ts.dtype_bytes = cpu ? 4 : 2;
+  ts.ce_chunk = loss_head_chunk_rows(ts.tokens, ts.vocab_local, cpu ? DType::kF32 : DType::kBF16, in.ce_chunk_tokens,
+                                     kCeChunkBytes);
   ts.head = head;
-  ts.batch_on_device = !cpu;
+  ts.fused_head = in.objective != Objective::kDpo;
+  ts.batch_on_device = true;
+  ts.on_cuda = !cpu;
+  ts.sm_count = hw.sm_count;
+  ts.router_stats = in.router_stats;
   ts.aux_grad = in.aux_loss && c.is_moe();
   ts.z_loss = in.z_loss;
   ts.recompute = in.recompute;
@@ -232,7 +238,8 @@ StagePlan plan_stage(const PlanInput& in, const Hardware& hw, int64_t first, int
     if (group == TraceGroup::kSaved)
       note = fmt::format("{} layers, {} tokens x {} micro-batch(es) in flight, recompute {}", n, ts.tokens,
                          in_flight, recompute_name(in.recompute));
-    if (group == TraceGroup::kHead) note = fmt::format("logits {} x {} in {}", ts.tokens, ts.vocab_local, cpu ? "f32" : "bf16");
+    if (group == TraceGroup::kHead)
+      note = fmt::format("logits chunk {} x {} in {}", ts.ce_chunk, ts.vocab_local, cpu ? "f32" : "bf16");
     if (group == TraceGroup::kDispatch) note = fmt::format("routing imbalance x{:.2f} at the peak", in.imbalance);
     add(std::string(trace_group_name(group)) + " (at peak)", cat, worst.groups_at_peak[g], note);
   }

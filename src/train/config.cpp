@@ -4,6 +4,7 @@
 #include "train/config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -231,13 +232,17 @@ const std::vector<Field>& schema() {
       MT_KEY(logging, plot, "write <run_dir>/training.svg at each validation"),
       MT_KEY(logging, log_expert_load, "per-layer expert load statistics in metrics"),
       MT_KEY(logging, peak_tflops, "device peak TFLOP/s for MFU (0: known GPUs only: H100/H200 989, A100 312)"),
+      MT_KEY(dpo, beta, "objective dpo: strength of the implicit KL penalty to the reference model (> 0)"),
+      MT_KEY(dpo, loss_type, "objective dpo: sigmoid (DPO, with label_smoothing) or ipo"),
+      MT_KEY(dpo, label_smoothing, "objective dpo, sigmoid loss: conservative-DPO label noise in [0, 0.5)"),
+      MT_KEY(dpo, reference, "objective dpo: precomputed (one pass of the starting model, stored in <run_dir>/dpo_reference) or online (a frozen copy stays resident)"),
   };
   return fields;
 }
 #undef MT_KEY
 
 const std::vector<std::string>& section_names() {
-  static const std::vector<std::string> s = {"model", "data", "training", "optimizer", "parallel", "checkpoint", "logging"};
+  static const std::vector<std::string> s = {"model", "data", "training", "optimizer", "parallel", "checkpoint", "logging", "dpo"};
   return s;
 }
 
@@ -427,6 +432,13 @@ void TrainConfig::validate() const {
   MT_CHECK(checkpoint.save_interval >= 0, "[config] {}: checkpoint.save_interval must be >= 0", s);
   MT_CHECK(checkpoint.keep_last >= 1, "[config] {}: checkpoint.keep_last must be >= 1, got {}", s, checkpoint.keep_last);
   MT_CHECK(!logging.run_dir.empty(), "[config] {}: logging.run_dir must not be empty", s);
+  check_choice(dpo.loss_type, {"sigmoid", "ipo"}, "dpo.loss_type", s);
+  check_choice(dpo.reference, {"precomputed", "online"}, "dpo.reference", s);
+  MT_CHECK(std::isfinite(dpo.beta) && dpo.beta > 0, "[config] {}: dpo.beta must be > 0, got {}", s, dpo.beta);
+  MT_CHECK(dpo.label_smoothing >= 0 && dpo.label_smoothing < 0.5, "[config] {}: dpo.label_smoothing must be in [0, 0.5), got {}",
+           s, dpo.label_smoothing);
+  MT_CHECK(dpo.loss_type == "sigmoid" || dpo.label_smoothing == 0,
+           "[config] {}: dpo.label_smoothing applies to loss_type sigmoid only (loss_type is {})", s, dpo.loss_type);
   MT_CHECK(logging.log_interval >= 1, "[config] {}: logging.log_interval must be >= 1", s);
 }
 

@@ -1,5 +1,5 @@
 // TrainConfig: the YAML run configuration (sections model, data, training, optimizer, parallel,
-// checkpoint, logging) with Megatron/Primus key names where one exists. Every key is declared
+// checkpoint, logging, dpo) with Megatron/Primus key names where one exists. Every key is declared
 // once in a schema table (config.cpp) that drives parsing, type checks, nearest-key suggestions
 // for unknown keys, command-line overrides (section.key=value), the resolved YAML and the docs.
 #pragma once
@@ -90,6 +90,13 @@ struct LoggingSection {
   double peak_tflops = 0.0;     // device peak for MFU; 0: known GPUs only (H100/H200 989, A100 312)
 };
 
+struct DpoSection {  // objective dpo only (docs/dpo.md)
+  double beta = 0.1;                   // strength of the implicit KL to the reference
+  std::string loss_type = "sigmoid";   // sigmoid|ipo
+  double label_smoothing = 0.0;        // sigmoid only, [0, 0.5)
+  std::string reference = "precomputed";  // precomputed|online
+};
+
 struct TrainConfig {
   ModelSection model;
   DataSection data;
@@ -98,6 +105,7 @@ struct TrainConfig {
   ParallelSection parallel;
   CheckpointSection checkpoint;
   LoggingSection logging;
+  DpoSection dpo;
   std::string source;  // the YAML file it came from (for messages)
 
   // Parses `path`, then applies overrides "section.key=value" (value in YAML syntax: 3e-4, true,

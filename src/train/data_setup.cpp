@@ -1,6 +1,7 @@
 // Data resolution for the trainer (see data_setup.h). JSONL inputs are prepared once per run
 // directory (<run_dir>/data/<stem>_{train,valid}), reused when the prepared files are already
-// there, so resumes read exactly the same tokens.
+// there, so resumes read exactly the same tokens. Objective dpo prepares preference pairs
+// (format auto means preference there); the other objectives refuse them.
 #include "train/data_setup.h"
 
 #include <filesystem>
@@ -59,6 +60,15 @@ std::string prepare_jsonl(const TrainConfig& cfg, const std::string& jsonl, cons
   opt.input = jsonl;
   opt.output_prefix = prefix;
   opt.format = parse_record_format(cfg.data.format);
+  // DPO reads preference pairs only; the other objectives read documents.
+  const bool dpo = cfg.training.objective == "dpo";
+  if (dpo && opt.format == RecordFormat::kAuto) opt.format = RecordFormat::kPreference;
+  MT_CHECK(!dpo || opt.format == RecordFormat::kPreference,
+           "[config] {}: training.objective dpo needs preference records (data.format preference or auto), got data.format {}",
+           cfg.source, cfg.data.format);
+  MT_CHECK(dpo || opt.format != RecordFormat::kPreference,
+           "[config] {}: data.format preference is for training.objective dpo (objective is {})", cfg.source,
+           cfg.training.objective);
   opt.valid_fraction = split ? valid_fraction_of(cfg.data.split, cfg.source) : 0.0;
   opt.seed = static_cast<uint64_t>(cfg.training.seed);
   opt.max_length = cfg.training.seq_length;

@@ -9,11 +9,7 @@
 #include <string>
 #include <vector>
 
-// data/loader.h and model/batch.h both define moetrain::kIgnoreLabel; this header renames the
-// loader's copy so one translation unit can include both (same value, -100).
-#define kIgnoreLabel kIgnoreLabel_loader_
 #include "data/loader.h"
-#undef kIgnoreLabel
 
 #include "train/config.h"
 

@@ -20,6 +20,7 @@ namespace {
 constexpr size_t kMaxPoints = 1500;
 constexpr size_t kMaxColumns = 240;
 constexpr double kWidth = 1000, kHeight = 780;
+constexpr double kDpoRow = 270;  // extra height of the DPO panels (accuracy, margins)
 
 struct Box {
   double x, y, w, h;
@@ -167,6 +168,8 @@ PlotData plot_data_from_metrics(const std::vector<nlohmann::json>& records) {
       if (num_of(r, "loss", &v)) d.train_loss.emplace_back(step, v);
       if (num_of(r, "lr", &v)) d.lr.emplace_back(step, v);
       if (num_of(r, "grad_norm", &v)) d.grad_norm.emplace_back(step, v);
+      if (num_of(r, "rewards/accuracy", &v)) d.train_accuracy.emplace_back(step, v);
+      if (num_of(r, "rewards/margins", &v)) d.train_margin.emplace_back(step, v);
       if (r.contains("expert_load") && r["expert_load"].contains("max_over_mean")) {
         std::vector<double> row;
         for (const auto& x : r["expert_load"]["max_over_mean"]) row.push_back(x.is_number() ? x.get<double>() : NAN);
@@ -174,23 +177,34 @@ PlotData plot_data_from_metrics(const std::vector<nlohmann::json>& records) {
       }
     } else if (type == "valid") {
       if (num_of(r, "loss", &v)) d.val_loss.emplace_back(step, v);
+      if (num_of(r, "rewards/accuracy", &v)) d.val_accuracy.emplace_back(step, v);
+      if (num_of(r, "rewards/margins", &v)) d.val_margin.emplace_back(step, v);
     }
   }
   return d;
 }
 
 std::string render_training_svg(const PlotData& d, const std::string& title) {
+  const double extra = d.has_dpo() ? kDpoRow : 0.0, height = kHeight + extra;
   std::string svg = fmt::format(
       R"(<svg xmlns="http://www.w3.org/2000/svg" width="{0}" height="{1}" viewBox="0 0 {0} {1}" font-family="sans-serif">)", kWidth,
-      kHeight);
-  svg += fmt::format(R"(<rect width="{}" height="{}" fill="#fafafa"/>)", kWidth, kHeight);
+      height);
+  svg += fmt::format(R"(<rect width="{}" height="{}" fill="#fafafa"/>)", kWidth, height);
   svg += fmt::format(R"(<text x="20" y="24" font-size="16" font-weight="bold">{}</text>)", esc(title));
   line_panel(svg, {70, 60, 400, 220}, "loss",
              {{finite_thinned(d.train_loss), "#1f77b4", "train", false}, {finite_thinned(d.val_loss), "#ff7f0e", "validation", true}});
   line_panel(svg, {570, 60, 400, 220}, "learning rate", {{finite_thinned(d.lr), "#2ca02c", "lr", false}});
   line_panel(svg, {70, 330, 900, 160}, "gradient norm (before clipping)",
              {{finite_thinned(d.grad_norm), "#9467bd", "grad norm", false}});
-  heat_panel(svg, {70, 550, 900, 190}, d);
+  if (d.has_dpo()) {
+    line_panel(svg, {70, 550, 400, 200}, "preference accuracy (chosen reward > rejected)",
+               {{finite_thinned(d.train_accuracy), "#1f77b4", "train acc", false},
+                {finite_thinned(d.val_accuracy), "#ff7f0e", "validation acc", true}});
+    line_panel(svg, {570, 550, 400, 200}, "reward margin (chosen - rejected)",
+               {{finite_thinned(d.train_margin), "#1f77b4", "train margin", false},
+                {finite_thinned(d.val_margin), "#ff7f0e", "validation margin", true}});
+  }
+  heat_panel(svg, {70, 550 + extra, 900, 190}, d);
   svg += "</svg>\n";
   return svg;
 }

@@ -23,6 +23,7 @@
 #include "optim/schedule.h"
 #include "train/checkpoint.h"
 #include "train/data_setup.h"
+#include "train/dpo.h"
 #include "train/metrics.h"
 #include "train/plot_svg.h"
 #include "train/signals.h"
@@ -117,6 +118,8 @@ class Trainer {
   std::optional<std::string> resume_source_();
   void resume_(const std::string& step_dir);
   void train_step_(int64_t step);
+  void setup_dpo_();
+  void evaluate_dpo_(int64_t step);
   void evaluate_(int64_t step);
   std::string save_(int64_t step);
   NamedTensors model_tensors_();
@@ -130,6 +133,8 @@ class Trainer {
   ModelConfig mc_;
   ModelParams params_, grads_;
   std::unique_ptr<Qwen3Model> model_;
+  ModelOptions model_opts_;
+  std::unique_ptr<DpoObjective> dpo_;  // objective dpo only
   std::unique_ptr<AdamW> opt_;
   LrSchedule sched_;
   TrainData data_;
@@ -163,7 +168,32 @@ void Trainer::setup_model_() {
   mo.aux_type = parse_aux_loss_type(cfg_.model.moe_aux_loss_type);
   mo.recompute = parse_recompute(cfg_.training.recompute_granularity);
   mo.router_stats = cfg_.logging.log_expert_load;
+  model_opts_ = mo;
   model_ = std::make_unique<Qwen3Model>(params_, mo);
+}
+
+// Objective dpo: the pairs loader and the reference log-probs of the starting weights (params_
+// must not hold a resumed checkpoint yet: the reference is the model the run started from).
+void Trainer::setup_dpo_() {
+  DpoSettings s;
+  s.loss.beta = cfg_.dpo.beta;
+  s.loss.label_smoothing = cfg_.dpo.label_smoothing;
+  s.loss.loss_type = parse_dpo_loss_type(cfg_.dpo.loss_type);
+  s.reference = parse_dpo_reference(cfg_.dpo.reference);
+  s.source = cfg_.source;
+  PairLoaderOptions lo;
+  lo.pairs_per_batch = cfg_.training.micro_batch_size;
+  lo.seed = static_cast<uint64_t>(cfg_.training.seed);
+  lo.shuffle = true;
+  lo.max_epochs = 0;
+  dpo_ = std::make_unique<DpoObjective>(s, data_.train_prefix, data_.valid_prefix, lo, run_dir_, device_);
+  MT_LOG_INFO("[dpo] {} training pairs{} | beta {} | loss {} | label smoothing {} | reference {}", dpo_->num_train_pairs(),
+              dpo_->has_validation() ? ", validation pairs from " + data_.valid_prefix : ", no validation pairs",
+              cfg_.dpo.beta, cfg_.dpo.loss_type, cfg_.dpo.label_smoothing, cfg_.dpo.reference);
+  const auto t0 = Clock::now();
+  dpo_->prepare_reference(ctx_, params_, reference_model_fingerprint(cfg_),
+                          2 * cfg_.training.micro_batch_size * cfg_.training.seq_length, model_opts_);
+  MT_LOG_INFO("[dpo] reference log-probs ready ({:.1f} s)", seconds_since(t0));
 }
 
 void Trainer::setup_optimizer_() {
@@ -221,6 +251,11 @@ void Trainer::resume_(const std::string& step_dir) {
   skipped_steps_ = st.value("skipped_steps", int64_t{0});
   if (st.contains("data") && !cfg_.data.mock_data == !st.value("mock_data", false)) data_.train->load_state(st["data"]);
   else MT_FAIL("[train] checkpoint {} was written with different data settings (mock_data); use checkpoint.load=none", step_dir);
+  if (dpo_) {
+    MT_CHECK(st.contains("dpo_data"), "[train] checkpoint {} holds no DPO pair-loader state (dpo_data): it was not written "
+             "by an objective dpo run; start a fresh run directory or set checkpoint.load=none", step_dir);
+    dpo_->load_state(st["dpo_data"]);
+  }
   if (st.value("seed", cfg_.training.seed) != cfg_.training.seed)
     MT_LOG_WARN("[train] the checkpoint was written with seed {}, this run uses {}", st.value("seed", int64_t{0}),
                 cfg_.training.seed);
@@ -237,6 +272,7 @@ std::string Trainer::save_(int64_t step) {
   st["seed"] = cfg_.training.seed;
   st["mock_data"] = cfg_.data.mock_data;
   st["data"] = data_.train->state();
+  if (dpo_) st["dpo_data"] = dpo_->state();
   st["scheduler"] = {{"lr_decay_style", cfg_.optimizer.lr_decay_style}, {"lr", sched_.lr_at(step)}};
   // Random streams are counter-based: (seed, rank, purpose, step) names each one, so the seed and
   // the step are the whole RNG state.
@@ -259,27 +295,51 @@ bool Trainer::next_micro_batch_(MicroBatch& mb) {
 void Trainer::train_step_(int64_t step) {
   const auto t0 = Clock::now();
   allocator_for(device_).reset_peaks();
-  std::vector<MicroBatch> mbs(static_cast<size_t>(accum_));
   int64_t trained = 0, tokens = 0;
   double flops = 0;
-  for (auto& mb : mbs) {
-    MT_CHECK(next_micro_batch_(mb), "[train] the training data ran out at step {}", step);
-    trained += mb.num_trained_tokens;
-    const int64_t real = static_cast<int64_t>(mb.tokens.size()) - mb.num_padding;
-    tokens += real;
-    flops += mc_.flops_per_token(mean_attended(mb)) * static_cast<double>(real);
-  }
-  // Every trained token of the global batch weighs 1 / N, so the accumulated CE is the global mean.
-  const float scale = 1.0f / static_cast<float>(std::max<int64_t>(trained, 1));
   double ce = 0, aux = 0, z = 0;
   RouterAccum router;
-  for (const auto& mb : mbs) {
-    ForwardResult r = model_->forward_backward(ctx_, to_batch(mb, scale, device_), grads_);
-    ce += r.ce, aux += r.aux, z += r.z;
-    router.add(r.router);
+  DpoMetrics dm;  // objective dpo: sums over the global batch's pairs
+  if (dpo_) {
+    // All micro-batches first, so that each pair weighs 1 / (pairs of the global batch).
+    std::vector<PairBatch> pbs(static_cast<size_t>(accum_));
+    int64_t pairs = 0;
+    for (auto& pb : pbs) {
+      MT_CHECK(dpo_->next_batch(&pb), "[train] the preference pairs ran out at step {}", step);
+      pairs += pb.num_pairs();
+      for (int64_t n : pb.response_tokens) trained += n;
+      const int64_t real = pb.cu_seqlens.empty() ? 0 : pb.cu_seqlens.back();
+      tokens += real;
+      flops += mc_.flops_per_token(pair_batch_mean_attended(pb)) * static_cast<double>(real);
+    }
+    const double pair_scale = 1.0 / static_cast<double>(std::max<int64_t>(pairs, 1));
+    for (auto& pb : pbs) {
+      DpoMicroResult r = dpo_->forward_backward(ctx_, *model_, grads_, pb, pair_scale);
+      dm.merge(r.metrics);
+      aux += r.forward.aux, z += r.forward.z;
+      router.add(r.forward.router);
+    }
+  } else {
+    std::vector<MicroBatch> mbs(static_cast<size_t>(accum_));
+    for (auto& mb : mbs) {
+      MT_CHECK(next_micro_batch_(mb), "[train] the training data ran out at step {}", step);
+      trained += mb.num_trained_tokens;
+      const int64_t real = static_cast<int64_t>(mb.tokens.size()) - mb.num_padding;
+      tokens += real;
+      flops += mc_.flops_per_token(mean_attended(mb)) * static_cast<double>(real);
+    }
+    // Every trained token of the global batch weighs 1 / N, so the accumulated CE is the global mean.
+    const float scale = 1.0f / static_cast<float>(std::max<int64_t>(trained, 1));
+    for (const auto& mb : mbs) {
+      ForwardResult r = model_->forward_backward(ctx_, to_batch(mb, scale, device_), grads_);
+      ce += r.ce, aux += r.aux, z += r.z;
+      router.add(r.router);
+    }
   }
   aux /= static_cast<double>(accum_), z /= static_cast<double>(accum_);
-  const double loss = ce + cfg_.model.moe_aux_loss_coeff * aux + cfg_.model.moe_z_loss_coeff * z;
+  // DPO: the objective is the mean pair loss (the forward's CE weights were zero, so ce is 0).
+  const double objective = dpo_ ? dm.mean(dm.loss) : ce;
+  const double loss = objective + cfg_.model.moe_aux_loss_coeff * aux + cfg_.model.moe_z_loss_coeff * z;
   const double lr = sched_.lr_at(step);
   const double gnorm = opt_->grad_norm(ctx_);
   const bool finite = std::isfinite(gnorm) && std::isfinite(loss);
@@ -303,6 +363,10 @@ void Trainer::train_step_(int64_t step) {
                         {"trained_tokens", trained}, {"step_time_s", dt}, {"tokens_per_s", tokens / dt},
                         {"tflops", tflops}, {"consumed_tokens", consumed_tokens_}, {"skipped_steps", skipped_steps_}};
   if (peak_flops_ > 0) rec["mfu"] = flops / dt / peak_flops_;
+  if (dpo_) {  // rewards/*, logps/*, pairs; the DPO loss alone as dpo_loss ("loss" adds aux and z)
+    const nlohmann::json dj = dm.to_json();  // named: items() of a temporary would dangle
+    for (const auto& [k, v] : dj.items()) rec[k == "loss" ? "dpo_loss" : k] = v;
+  }
   const MemStats ms = allocator_for(device_).stats();
   for (size_t c = 0; c < kNumMemCategories; ++c)
     rec["memory"][mem_category_name(static_cast<MemCategory>(c))] = {{"current", ms.current[c]}, {"peak", ms.peak[c]}};
@@ -313,6 +377,8 @@ void Trainer::train_step_(int64_t step) {
       {"memory/peak_gib", float(ms.total_peak / 1073741824.0)}};
   if (mc_.is_moe()) tbv.push_back({"train/aux", float(aux)}), tbv.push_back({"train/z", float(z)});
   if (peak_flops_ > 0) tbv.push_back({"perf/mfu", float(flops / dt / peak_flops_)});
+  if (dpo_)
+    for (auto& [k, v] : dm.scalars("train/")) tbv.push_back({k == "train/loss" ? "train/dpo_loss" : k, v});
   if (!router.counts.empty()) {
     nlohmann::json el = {{"layers", nlohmann::json::array()}, {"max_over_mean", nlohmann::json::array()},
                          {"idle_experts", nlohmann::json::array()}, {"load_entropy", nlohmann::json::array()},
@@ -342,11 +408,38 @@ void Trainer::train_step_(int64_t step) {
     p.mfu = peak_flops_ > 0 ? flops / dt / peak_flops_ : 0;
     const double avg = steps_timed_ > 0 ? time_in_steps_ / steps_timed_ : dt;
     p.eta_s = avg * static_cast<double>(cfg_.training.train_iters - step);
-    MT_LOG_INFO("{}", p.str());
+    if (dpo_)
+      MT_LOG_INFO("{} | acc {:.3f} | margin {:.4f} | r+ {:.4f} | r- {:.4f} | logp+ {:.2f} | logp- {:.2f}", p.str(),
+                  dm.accuracy(), dm.mean(dm.margin), dm.mean(dm.reward_chosen), dm.mean(dm.reward_rejected),
+                  dm.mean(dm.logp_chosen), dm.mean(dm.logp_rejected));
+    else
+      MT_LOG_INFO("{}", p.str());
   }
 }
 
+void Trainer::evaluate_dpo_(int64_t step) {
+  if (!dpo_->has_validation() || cfg_.training.eval_iters == 0) return;
+  const auto t0 = Clock::now();
+  const DpoMetrics m = dpo_->evaluate(ctx_, *model_, cfg_.training.eval_iters);
+  if (m.pairs == 0) {
+    MT_LOG_WARN("[train] the validation split holds no preference pair; skipping validation");
+    return;
+  }
+  nlohmann::json rec = {{"type", "valid"}, {"step", step}};
+  const nlohmann::json mj = m.to_json();  // named: items() of a temporary would dangle
+  for (const auto& [k, v] : mj.items()) rec[k] = v;
+  rec["time_s"] = seconds_since(t0);
+  metrics_->write(rec);
+  if (tb_) tb_->add_scalars(step, m.scalars("valid/")), tb_->flush();
+  MT_LOG_INFO("validation at step {}: dpo loss {:.4f} | accuracy {:.3f} | margin {:.4f} | r+ {:.4f} | r- {:.4f} | "
+              "logp+ {:.2f} | logp- {:.2f} | {} pairs", step, m.mean(m.loss), m.accuracy(), m.mean(m.margin),
+              m.mean(m.reward_chosen), m.mean(m.reward_rejected), m.mean(m.logp_chosen), m.mean(m.logp_rejected), m.pairs);
+  result_.last_valid_loss = m.mean(m.loss);
+  refresh_plot_();
+}
+
 void Trainer::evaluate_(int64_t step) {
+  if (dpo_) return evaluate_dpo_(step);
   auto loader = open_valid_loader(cfg_, data_, mc_.vocab_size);
   if (!loader || cfg_.training.eval_iters == 0) return;
   const auto t0 = Clock::now();
@@ -390,8 +483,8 @@ void Trainer::refresh_plot_() {
 }
 
 TrainResult Trainer::run() {
-  MT_CHECK(cfg_.training.objective == "pretrain" || cfg_.training.objective == "sft",
-           "[train] {}: training.objective '{}' is not implemented yet (pretrain and sft are)", cfg_.source,
+  MT_CHECK(cfg_.training.objective == "pretrain" || cfg_.training.objective == "sft" || cfg_.training.objective == "dpo",
+           "[train] {}: training.objective '{}' is not implemented yet (pretrain, sft and dpo are)", cfg_.source,
            cfg_.training.objective);
   MT_CHECK(cfg_.parallel.expert_model_parallel_size == 1,
            "[train] {}: parallel.expert_model_parallel_size = {} needs a multi-rank launch, which this build does not run yet",
@@ -406,6 +499,7 @@ TrainResult Trainer::run() {
   setup_optimizer_();
   data_ = open_train_data(cfg_, mc_.vocab_size, run_dir_);
   ckpt_ = std::make_unique<CheckpointManager>(cfg_.checkpoint_dir(), cfg_.checkpoint.keep_last);
+  if (cfg_.training.objective == "dpo") setup_dpo_();  // before resume_: the reference is the starting model
   if (auto src = resume_source_()) resume_(*src);
   result_.start_step = step_;
   peak_flops_ = device_peak_flops(ctx_.facts(), cfg_.logging.peak_tflops);
@@ -418,6 +512,8 @@ TrainResult Trainer::run() {
               accum_ * cfg_.training.micro_batch_size, cfg_.training.seq_length, accum_, cfg_.training.micro_batch_size,
               step_, cfg_.training.train_iters);
 
+  // DPO: the held-out preference metrics of the starting model (accuracy ~0.5: policy == reference).
+  if (dpo_ && step_ == 0 && cfg_.training.eval_interval > 0) evaluate_(0);
   std::optional<StopSignal> stop;
   if (cfg_.training.exit_signal_handler) stop.emplace();
   int64_t last_saved = step_ > 0 ? step_ : -1, last_eval = -1;

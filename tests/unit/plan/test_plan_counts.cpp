@@ -10,6 +10,7 @@
 #include "core/allocator.h"
 #include "core/context.h"
 #include "model/batch.h"
+#include "model/loss_head.h"
 #include "model/params.h"
 #include "model/qwen3_model.h"
 #include "optim/adamw.h"
@@ -119,20 +120,29 @@ TEST(PlanTrace, SavedBytesPerTokenByHand) {
   EXPECT_EQ(dense, (4 * 1024 + 3 * 2048 + 3 * 1024 + 3 * 3072) * 2 + (2 + 16 + 8 + 16) * 4);
 }
 
-TEST(PlanTrace, ActivationPeakOfTheFullModelByHand) {
+TEST(PlanTrace, ActivationAndWorkspacePeaksOfTheFullModelByHand) {
   const ModelConfig c = ModelConfig::preset("qwen3-30b-a3b");
   TraceShape s;
   s.tokens = 4096;
   s.expert_rows = 4096 * 8;
   s.num_layers = 48;
   s.vocab_local = c.vocab_size;
+  s.ce_chunk = 883;  // 256 MiB of bf16 logits: floor(268435456 / (151936 x 2))
   const TraceResult r = trace_micro_batch(c, s);
   const double T = 4096;
-  const double per_layer = 147'864 * T + (128 * 4 + 129 * 4) + 2 * 128 * 4;  // + counts, offsets, router stats
-  const double head = T * 2048 * 2 * 2 + T * 151936 * 2 + 2 * T * 4;        // last out, final norm, logits, rstd, lse
-  const double batch = 4 * T * 4 + 2 * 4;                                   // tokens, positions, labels, weights, cu_seqlens
-  EXPECT_EQ(r.category_peak[static_cast<size_t>(MemCategory::kActivations)], 48 * per_layer + head + batch + 2 * 128 * 4);
-  EXPECT_EQ(r.peak_phase, "loss head backward");  // logits and dlogits live together
+  // Activations peak when the head has written nll: every layer's saved tensors (x included),
+  // the last output, final norm out + rstd, nll, the packed statistics and the batch.
+  const double per_layer = 147'864 * T + (128 * 4 + 129 * 4);  // + counts, offsets
+  const double head = T * 2048 * 2 * 2 + 2 * T * 4;
+  const double stats = (1 + 48 * (2 * 128 + 3)) * 4 + 128 * 4;
+  const double batch = 4 * T * 4 + 2 * 4;  // tokens, positions, labels, weights; cu_seqlens
+  EXPECT_EQ(r.category_peak[static_cast<size_t>(MemCategory::kActivations)], 48 * per_layer + head + stats + batch);
+  // Workspace peaks in the fused head: ce lse [T] f32 + d(final norm out) [T,H] + one logits
+  // chunk [883,V], above the ones cache (4 x T); the MoE backward's dh + db + dtopk_w + dgu + dxp
+  // (65,568 B/token = 268.6 MB) stays below it.
+  const double ws = 4 * T + (4 + 2 * 2048) * T + 883.0 * 151936 * 2;
+  EXPECT_EQ(r.category_peak[static_cast<size_t>(MemCategory::kWorkspace)], ws);
+  EXPECT_GT(ws - 4 * T, 65'568 * T);
 }
 
 struct TraceCase {
@@ -140,15 +150,22 @@ struct TraceCase {
   Recompute rc;
   float z;
   std::vector<int> docs;
+  bool fused = true;          // forward_backward (SFT) or forward + backward (DPO)
+  int64_t chunk_tokens = 0;   // ModelOptions::ce_chunk_tokens
+  bool router_stats = true;
 };
 
 // The replay must equal the CPU allocator's accounting while the real model runs.
 TEST(PlanTrace, ReplayEqualsTheAllocatorOnTheCpuModel) {
   const std::vector<TraceCase> cases = {{"tiny-moe", Recompute::kNone, 0.0f, {7, 12, 1}},
                                         {"tiny-moe", Recompute::kFull, 0.0f, {20}},
-                                        {"tiny-moe", Recompute::kNone, 0.01f, {5, 9}},
+                                        {"tiny-moe", Recompute::kSelective, 0.0f, {9, 11}},
+                                        {"tiny-moe", Recompute::kNone, 0.01f, {5, 9}, true, 4},
+                                        {"tiny-moe", Recompute::kSelective, 0.01f, {6, 3}, false, 5},
+                                        {"tiny-moe", Recompute::kFull, 0.0f, {8, 8}, false, 0, false},
                                         {"tiny-dense", Recompute::kNone, 0.0f, {13, 4}},
-                                        {"tiny-dense", Recompute::kFull, 0.0f, {17}}};
+                                        {"tiny-dense", Recompute::kSelective, 0.0f, {10}, true, 3},
+                                        {"tiny-dense", Recompute::kFull, 0.0f, {17}, false}};
   for (const auto& cs : cases) {
     const ModelConfig cfg = ModelConfig::preset(cs.preset);
     ModelParams p = ModelParams::allocate(cfg, DType::kF32, Device::cpu());
@@ -166,12 +183,21 @@ TEST(PlanTrace, ReplayEqualsTheAllocatorOnTheCpuModel) {
     ModelOptions mo;
     mo.recompute = cs.rc;
     mo.zloss_coef = cs.z;
+    mo.ce_chunk_tokens = cs.chunk_tokens;
+    mo.router_stats = cs.router_stats;
     Qwen3Model model(p, mo);
     Context ctx;
     Allocator& a = allocator_for(Device::cpu());
     a.reset_peaks();
     const MemStats before = a.stats();
-    model.forward_backward(ctx, batch, g);
+    {
+      if (cs.fused) {
+        ForwardResult r = model.forward_backward(ctx, batch, g);
+      } else {
+        ForwardResult r = model.forward(ctx, batch, Pass::kTrain);
+        model.backward(ctx, g);
+      }
+    }
     const MemStats after = a.stats();
 
     TraceShape s;
@@ -180,21 +206,52 @@ TEST(PlanTrace, ReplayEqualsTheAllocatorOnTheCpuModel) {
     s.num_docs = static_cast<int64_t>(cs.docs.size());
     s.num_layers = cfg.num_hidden_layers;
     s.vocab_local = cfg.vocab_size;
+    s.ce_chunk = loss_head_chunk_rows(T, cfg.vocab_size, DType::kF32, cs.chunk_tokens, mo.ce_chunk_bytes);
     s.dtype_bytes = 4;
+    s.fused_head = cs.fused;
     s.batch_on_device = false;
+    s.on_cuda = false;
+    s.router_stats = cs.router_stats;
     s.aux_grad = cfg.is_moe() && cfg.router_aux_loss_coef > 0;
     s.z_loss = cs.z != 0.0f;
     s.recompute = cs.rc;
     const TraceResult r = trace_micro_batch(cfg, s);
-    const std::string what = std::string(cs.preset) + " recompute " + recompute_name(cs.rc) + " z " + std::to_string(cs.z);
-    for (MemCategory c : {MemCategory::kActivations, MemCategory::kWorkspace}) {
+    const std::string what = std::string(cs.preset) + " recompute " + recompute_name(cs.rc) + " z " +
+                             std::to_string(cs.z) + (cs.fused ? " fused" : " forward+backward") + " chunk " +
+                             std::to_string(s.ce_chunk) + " of " + std::to_string(T);
+    for (MemCategory c : {MemCategory::kActivations, MemCategory::kWorkspace, MemCategory::kOther}) {
       const size_t i = static_cast<size_t>(c);
       EXPECT_EQ(r.category_peak[i], static_cast<double>(after.peak[i] - before.current[i]))
           << what << " category " << mem_category_name(c);
     }
     EXPECT_EQ(r.total_peak, static_cast<double>(after.total_peak - before.total_current)) << what;
-    EXPECT_EQ(after.total_current, before.total_current) << what;  // everything freed, as the replay ends
+    // Everything is freed but the model's cached ones vector (MoE with router statistics).
+    const double ones = cfg.is_moe() && cs.router_stats ? 4.0 * std::max<int64_t>(T, 1024) : 0.0;
+    EXPECT_EQ(static_cast<double>(after.total_current - before.total_current), ones) << what;
   }
+}
+
+TEST(PlanTrace, SelectiveRecomputeSitsBetweenNoneAndFull) {
+  const ModelConfig c = ModelConfig::preset("qwen3-30b-a3b");
+  TraceShape s;
+  s.tokens = 2048;
+  s.expert_rows = 2048 * 8;
+  s.num_layers = 4;
+  s.vocab_local = c.vocab_size;
+  s.ce_chunk = 883;
+  auto act = [&](Recompute rc) {
+    s.recompute = rc;
+    return trace_micro_batch(c, s).category_peak[static_cast<size_t>(MemCategory::kActivations)];
+  };
+  const double none = act(Recompute::kNone), sel = act(Recompute::kSelective), full = act(Recompute::kFull);
+  EXPECT_LT(sel, none);
+  EXPECT_LT(full, sel);
+  // Selective drops a, q, k, attn, lse, b, xp, act: (2048 + 4096 + 512 + 4096 + 2048 + 8 x 2048 + 8 x 768) x 2
+  // + 32 x 4 bytes per token per layer. Without recompute the peak is at the head (4 whole layers +
+  // last output, final norm out, rstd, nll: 8,200 B/token); with it, in the last layer's forward
+  // before its drop (3 reduced layers + 1 whole + its output: 4,096 B/token).
+  const double dropped = (2048 + 4096 + 512 + 4096 + 2048 + 8 * 2048 + 8 * 768) * 2.0 + 32 * 4;
+  EXPECT_NEAR(none - sel, (3 * dropped + 8200 - 4096) * 2048, 1.0);
 }
 
 TEST(PlanMemory, PersistentBytesEqualARealAdamW) {

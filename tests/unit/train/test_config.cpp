@@ -151,7 +151,7 @@ TEST(Config, DocsListEveryKey) {
 }
 
 TEST(Config, ExamplesParse) {
-  for (const char* name : {"demo.yaml", "qwen3_30b_a3b_sft_8k.yaml", "qwen3_30b_a3b_dpo_4k.yaml"}) {
+  for (const char* name : {"demo.yaml", "demo_dpo.yaml", "qwen3_30b_a3b_sft_8k.yaml", "qwen3_30b_a3b_dpo_4k.yaml"}) {
     const std::string path = std::string(MT_SOURCE_DIR) + "/examples/" + name;
     EXPECT_NO_THROW(TrainConfig::load(path)) << path;
   }
