@@ -166,6 +166,8 @@ TimePlan plan_time(const PlanInput& in, const Hardware& hw) {
   const double head = 6.0 * static_cast<double>(c.vocab_size) * static_cast<double>(c.hidden_size);
   double hw_flops = t.model_flops_per_token;
   if (in.recompute == Recompute::kFull) hw_flops += (t.model_flops_per_token - head) / 3.0;  // one more layer forward
+  if (in.recompute == Recompute::kSelective)  // the attention core's forward again (no matmul repeated)
+    hw_flops += (t.model_flops_per_token - c.flops_per_token(0.0)) / 3.0;
   t.hw_flops_per_token = hw_flops;
   const double rate = static_cast<double>(hw.num_gpus) * hw.peak_tflops * 1e12 * hw.mfu;
   t.pipeline_bubble = in.layout.pp > 1 ? static_cast<double>(in.layout.pp - 1) /

@@ -512,8 +512,9 @@ TrainResult Trainer::run() {
               accum_ * cfg_.training.micro_batch_size, cfg_.training.seq_length, accum_, cfg_.training.micro_batch_size,
               step_, cfg_.training.train_iters);
 
-  // DPO: the held-out preference metrics of the starting model (accuracy ~0.5: policy == reference).
-  if (dpo_ && step_ == 0 && cfg_.training.eval_interval > 0) evaluate_(0);
+  // Validation of the starting model, so the curve shows where it began (for DPO: accuracy ~0.5,
+  // policy == reference).
+  if (step_ == 0 && cfg_.training.eval_interval > 0) evaluate_(0);
   std::optional<StopSignal> stop;
   if (cfg_.training.exit_signal_handler) stop.emplace();
   int64_t last_saved = step_ > 0 ? step_ : -1, last_eval = -1;

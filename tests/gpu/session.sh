@@ -103,7 +103,7 @@ fi
 # f) the planner's check, when its script is present.
 if [[ -f tests/gpu/plan_check.sh ]] && (( $(elapsed) < budget - 60 )); then
   GPU_BIN="$bin" MOETRAIN="$mt" timeout $(( budget - $(elapsed) > 150 ? 150 : budget - $(elapsed) )) \
-    bash tests/gpu/plan_check.sh > "$out/plan_check.log" 2>&1
+    bash tests/gpu/plan_check.sh "$mt" > "$out/plan_check.log" 2>&1
   row "f plan_check.sh" "exit $?, $(tail -1 "$out/plan_check.log")"
 else
   row "f plan_check.sh" "not run (absent or no time, $(elapsed) s)"

@@ -43,6 +43,9 @@ TEST(PlanTime, HandComputedFlopsAndTime) {
   in.recompute = Recompute::kFull;
   const double head = 6.0 * 151936 * 2048;
   EXPECT_NEAR(plan_time(in, hw).hw_flops_per_token, t.model_flops_per_token + (t.model_flops_per_token - head) / 3, 1.0);
+  // Selective recompute repeats only the attention core's forward: 4.83 / 3 GFLOP per token.
+  in.recompute = Recompute::kSelective;
+  EXPECT_NEAR((plan_time(in, hw).hw_flops_per_token - t.model_flops_per_token) / 1e9, 4.83 / 3, 0.005);
   // DPO: pairs double the tokens per step; the reference pass adds one forward over the budget.
   in.recompute = Recompute::kNone;
   in.objective = Objective::kDpo;
