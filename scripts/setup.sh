@@ -9,7 +9,7 @@ DEB_PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   nlohmann-json3-dev libyaml-cpp-dev libcli11-dev libfmt-dev libpcre2-dev libutf8proc-dev
   libopenblas-dev libgtest-dev zlib1g-dev
-  nodejs npm python3
+  python3
   dict-freedict-eng-deu fortunes-min
 )
 
@@ -17,6 +17,10 @@ missing=()
 for p in "${DEB_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# Node.js and npm: NodeSource's nodejs bundles npm and conflicts with Debian's npm package, so
+# install them only when the commands are missing.
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing Debian packages: ${missing[*]}"
   SUDO=""
