@@ -21,12 +21,12 @@ dpo_steps=${DPO_STEPS:-200}
 timeout 240 "$mt" train examples/demo.yaml model.tokenizer="$bin/tok" training.device=cuda \
   training.train_iters=$sft_steps training.seq_length=256 training.micro_batch_size=8 training.global_batch_size=32 \
   training.eval_interval=$((sft_steps / 3)) optimizer.lr_warmup_iters=20 checkpoint.save_interval=0 \
-  logging.log_interval=50 logging.run_dir=runs/demo > "$out/sft.log" 2>&1
+  logging.log_interval=50 logging.run_dir=runs/demo ${SFT_ARGS:-} > "$out/sft.log" 2>&1
 echo "sft exit $?"
 timeout 240 "$mt" train examples/demo_dpo.yaml training.device=cuda data.data_path="[data/examples/dict_pref.jsonl]" \
   data.split="95,5,0" training.train_iters=$dpo_steps training.micro_batch_size=16 training.global_batch_size=32 \
   training.eval_interval=25 training.eval_iters=10 optimizer.lr_warmup_iters=10 checkpoint.save_interval=0 \
-  logging.log_interval=25 logging.run_dir=runs/demo_dpo > "$out/dpo.log" 2>&1
+  logging.log_interval=25 logging.run_dir=runs/demo_dpo ${DPO_ARGS:-} > "$out/dpo.log" 2>&1
 echo "dpo exit $?"
 cp runs/demo/metrics.jsonl "$out/sft_metrics.jsonl" 2>/dev/null
 cp runs/demo_dpo/metrics.jsonl "$out/dpo_metrics.jsonl" 2>/dev/null

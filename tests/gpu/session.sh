@@ -5,7 +5,8 @@
 # Stages: a) test_backend (GroupedMatmul's CPU-heavy real-shape case filtered out), b) the demo SFT
 # on the GPU (checkpoint at 100, resume, export at 200) and on this machine's CPU, c) TensorBoard
 # events read back, d) HF round trip, e) Qwen3-30B-A3B 2/4-layer proxies + torch_anchor, f)
-# plan_check.sh when present. Logs and small results go to $OUT; a compact table is printed last.
+# plan_check.sh when present. Logs and results go to $OUT/session.tar.gz (the tool returns at most 8
+# files), $OUT/table.txt holds the compact table that is also printed last.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -102,9 +103,10 @@ fi
 
 # f) the planner's check, when its script is present.
 if [[ -f tests/gpu/plan_check.sh ]] && (( $(elapsed) < budget - 60 )); then
-  GPU_BIN="$bin" MOETRAIN="$mt" timeout $(( budget - $(elapsed) > 150 ? 150 : budget - $(elapsed) )) \
+  OUT=/tmp/gs-plan timeout $(( budget - $(elapsed) > 150 ? 150 : budget - $(elapsed) )) \
     bash tests/gpu/plan_check.sh "$mt" > "$out/plan_check.log" 2>&1
   row "f plan_check.sh" "exit $?, $(tail -1 "$out/plan_check.log")"
+  cp /tmp/gs-plan/plan_check.md "$out/" 2>/dev/null
 else
   row "f plan_check.sh" "not run (absent or no time, $(elapsed) s)"
 fi
@@ -126,3 +128,8 @@ grep -E '^\[ +FAILED' "$out/test_backend.log" | head -10
 grep -E '^roundtrip|^note' "$out/roundtrip.log"
 cat "$out/proxy.txt" 2>/dev/null | tail -6
 cat "$out/curves.txt" | tail -4
+# The tool returns at most 8 files from $OUT: pack everything but the table into one archive.
+python3 tests/gpu/compare_curves.py "$out/demo_gpu_metrics.jsonl" "$out/demo_cpu_metrics.jsonl" \
+  "$out/demo_loss_gpu_vs_cpu.svg" > /dev/null 2>&1
+(cd "$out" && tar -czf /tmp/gs-session.tar.gz --exclude=table.txt . && find . -mindepth 1 ! -name table.txt -delete \
+  && mv /tmp/gs-session.tar.gz session.tar.gz)
