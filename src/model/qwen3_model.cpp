@@ -388,32 +388,19 @@ void zero_gradients(ModelParams& grads) {
 }
 
 void for_each_hf_named(const ModelParams& p, const std::function<void(const std::string&, const Tensor&)>& fn) {
-  const ModelConfig& cfg = p.config;
-  fn("model.embed_tokens.weight", p.embed);
-  for (size_t i = 0; i < p.layers.size(); ++i) {
-    const LayerParams& L = p.layers[i];
-    const std::string pre = "model.layers." + std::to_string(i) + ".";
-    fn(pre + "input_layernorm.weight", L.input_norm);
-    fn(pre + "self_attn.q_proj.weight", L.q_proj);
-    fn(pre + "self_attn.k_proj.weight", L.k_proj);
-    fn(pre + "self_attn.v_proj.weight", L.v_proj);
-    fn(pre + "self_attn.o_proj.weight", L.o_proj);
-    fn(pre + "self_attn.q_norm.weight", L.q_norm);
-    fn(pre + "self_attn.k_norm.weight", L.k_norm);
-    fn(pre + "post_attention_layernorm.weight", L.post_norm);
-    if (L.sparse) {
-      fn(pre + "mlp.gate.weight", L.router);
-      fn(pre + "mlp.experts.gate_up_proj", L.experts_gate_up);
-      fn(pre + "mlp.experts.down_proj", L.experts_down);
+  // The internal names are the HF names except for the fused dense MLP, which HF keeps as two
+  // tensors: split it back into gate_proj (first I rows) and up_proj.
+  static const std::string kFusedDense = "mlp.gate_up_proj.weight";
+  p.for_each([&](const std::string& name, const Tensor& t) {
+    if (name.size() > kFusedDense.size() && name.compare(name.size() - kFusedDense.size(), std::string::npos, kFusedDense) == 0) {
+      const std::string pre = name.substr(0, name.size() - kFusedDense.size());
+      const int64_t I = t.size(0) / 2;
+      fn(pre + "mlp.gate_proj.weight", t.slice(0, 0, I));
+      fn(pre + "mlp.up_proj.weight", t.slice(0, I, 2 * I));
     } else {
-      const int64_t I = L.mlp_down.size(1);
-      fn(pre + "mlp.gate_proj.weight", L.mlp_gate_up.slice(0, 0, I));
-      fn(pre + "mlp.up_proj.weight", L.mlp_gate_up.slice(0, I, 2 * I));
-      fn(pre + "mlp.down_proj.weight", L.mlp_down);
+      fn(name, t);
     }
-  }
-  fn("model.norm.weight", p.final_norm);
-  if (!cfg.tie_word_embeddings) fn("lm_head.weight", p.lm_head);
+  });
 }
 
 }  // namespace moetrain
