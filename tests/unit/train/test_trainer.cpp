@@ -109,12 +109,17 @@ TEST(Trainer, ResumeIsBitIdentical) {
   // weights moved and the loss is finite and near ln(V).
   EXPECT_NEAR(ta[0]["loss"].get<double>(), std::log(256.0), 0.5);
   EXPECT_NE(model_bytes(a + "/checkpoints/step_2"), model_bytes(a + "/checkpoints/step_6"));
-  // Validation ran at steps 3 and 6 in both runs with the same result.
+  // Validation ran at steps 0 (the starting model), 3 and 6 in both runs with the same results.
   auto va = train_records(a, "valid"), vb = train_records(b, "valid");
-  ASSERT_EQ(va.size(), 2u);
-  ASSERT_EQ(vb.size(), 2u);
-  EXPECT_EQ(va[1]["loss"].get<double>(), vb[1]["loss"].get<double>());
-  EXPECT_NEAR(va[1]["ppl"].get<double>(), std::exp(va[1]["loss"].get<double>()), 1e-9);
+  ASSERT_EQ(va.size(), 3u);
+  ASSERT_EQ(vb.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(va[i]["step"], vb[i]["step"]);
+    EXPECT_EQ(va[i]["loss"].get<double>(), vb[i]["loss"].get<double>()) << "validation " << i;
+  }
+  EXPECT_EQ(va[0]["step"].get<int64_t>(), 0);
+  EXPECT_NEAR(va[0]["loss"].get<double>(), std::log(256.0), 0.5);
+  EXPECT_NEAR(va[2]["ppl"].get<double>(), std::exp(va[2]["loss"].get<double>()), 1e-9);
   // The run directory.
   EXPECT_TRUE(fs::exists(a + "/resolved_config.yaml"));
   EXPECT_TRUE(fs::exists(a + "/training.svg"));
