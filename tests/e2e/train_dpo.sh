@@ -10,26 +10,10 @@ W=$(mktemp -d /tmp/mt_e2e_dpo.XXXXXX)
 trap "rm -rf \"$W\"" EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
+python3 "$(dirname "$0")/lib/make_tiny_tokenizer.py" "$W/tok"
 python3 - "$W" <<'PY'
 import json, os, sys, random
-w = sys.argv[1]; d = os.path.join(w, "tok"); os.makedirs(d)
-bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
-cs = bs[:]; n = 0
-for b in range(256):
-    if b not in bs: bs.append(b); cs.append(256 + n); n += 1
-vocab = {chr(c): b for b, c in zip(bs, cs)}
-added = [{"id": 256 + i, "content": s, "single_word": False, "lstrip": False, "rstrip": False,
-          "normalized": False, "special": True} for i, s in enumerate(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])]
-json.dump({"version": "1.0", "added_tokens": added, "normalizer": None,
-           "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
-           "post_processor": None, "decoder": {"type": "ByteLevel"},
-           "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-                     "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "vocab": vocab,
-                     "merges": []}}, open(os.path.join(d, "tokenizer.json"), "w"))
-tmpl = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-json.dump({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "chat_template": tmpl},
-          open(os.path.join(d, "tokenizer_config.json"), "w"))
+w = sys.argv[1]
 json.dump({"model_type": "qwen3_moe", "vocab_size": 264, "hidden_size": 32, "intermediate_size": 64,
            "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
            "moe_intermediate_size": 16, "num_experts": 4, "num_experts_per_tok": 2, "norm_topk_prob": True,
