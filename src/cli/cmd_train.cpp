@@ -11,7 +11,9 @@
 
 #include "cli/command.h"
 #include "core/context.h"
+#include "core/env.h"
 #include "core/log.h"
+#include "core/profiler.h"
 #include "plan/plan.h"
 #include "train/config.h"
 #include "train/metrics.h"
@@ -45,6 +47,19 @@ bool plan_allows(const TrainConfig& cfg, bool force) {
   return false;
 }
 
+void print_profile(int64_t steps) {
+  const double per = 1.0 / static_cast<double>(std::max<int64_t>(steps, 1));
+  double total = 0;
+  std::fprintf(stderr, "[profile] %-28s %10s %8s   (per step, over %lld steps)\n", "op", "ms", "calls",
+               static_cast<long long>(steps));
+  for (const ProfileEntry& e : Profiler::report()) {
+    total += e.total_ms;
+    std::fprintf(stderr, "[profile] %-28s %10.3f %8.1f\n", e.name.c_str(), e.total_ms * per,
+                 static_cast<double>(e.calls) * per);
+  }
+  std::fprintf(stderr, "[profile] %-28s %10.3f\n", "sum", total * per);
+}
+
 int run_train(int argc, char** argv) {
   std::string config_path;
   std::vector<std::string> overrides;
@@ -74,7 +89,12 @@ int run_train(int argc, char** argv) {
     return 0;
   }
   if (!plan_allows(cfg, force)) return 3;
+  // MT_PROFILE=1: time every op of the whole run and print the totals per step at the end
+  // (warm-up steps included; `moetrain bench --profile` gives the careful breakdown).
+  const bool profile = env_int("MT_PROFILE", 0) != 0;
+  if (profile) Profiler::enable(true);
   run_training(cfg);  // a stop by signal or exit_interval saved a checkpoint: a clean exit too
+  if (profile) print_profile(cfg.training.train_iters);
   return 0;
 }
 

@@ -2,6 +2,7 @@
 //   MT_LOG_LEVEL       debug|info|warn|error|off   (info)
 //   MT_LOG_ALL_RANKS   1 makes every rank print    (0)
 //   MT_SYNC_DEBUG      1 synchronizes the device after every op so faults point at their op (0)
+//   MT_PROFILE         1 makes `moetrain train` time every op and print the totals per step (0)
 //   MT_NUM_THREADS     CPU worker threads for kernels and data (0 = hardware concurrency)
 //   MT_TEST_SAVE_PAUSE_MS  tests only: a checkpoint save sleeps this long before its rename (0)
 #pragma once

@@ -6,6 +6,8 @@
 
 #include <initializer_list>
 
+#include "core/profiler.h"
+
 #include "kernels/cpu/cpu_ops.h"
 #ifdef MT_WITH_CUDA
 #include "kernels/cuda/cuda_ops.h"
@@ -24,13 +26,17 @@ R no_cuda(const char* op) {
   no_cuda_backend(op);
 }
 
+// Every dispatch is one profiler scope named after the op (core/profiler.h; free when it is off).
 #ifdef MT_WITH_CUDA
-#define MT_DISPATCH(dev, op, ...) \
+#define MT_DISPATCH_CALL(dev, op, ...) \
   return (dev).is_cuda() ? cuda::op(__VA_ARGS__) : cpu::op(__VA_ARGS__)
 #else
-#define MT_DISPATCH(dev, op, ...) \
+#define MT_DISPATCH_CALL(dev, op, ...) \
   return (dev).is_cuda() ? no_cuda<decltype(cpu::op(__VA_ARGS__))>(#op) : cpu::op(__VA_ARGS__)
 #endif
+#define MT_DISPATCH(dev, op, ...)               \
+  const ProfileScope mt_profile_scope_(ctx, #op); \
+  MT_DISPATCH_CALL(dev, op, __VA_ARGS__)
 
 struct Arg {
   const Tensor& t;
@@ -332,7 +338,7 @@ double aux_loss_value(const Tensor& counts, const Tensor& prob_sum, int64_t rows
   expect(counts, {-1}, DType::kF32, op, "counts");
   expect(prob_sum, {counts.size(0)}, DType::kF32, op, "prob_sum");
   MT_CHECK(rows >= 0, "[aux_loss_value] rows = {} must be >= 0", rows);
-  MT_DISPATCH(counts.device(), aux_loss_value, counts, prob_sum, rows);
+  MT_DISPATCH_CALL(counts.device(), aux_loss_value, counts, prob_sum, rows);
 }
 
 void aux_loss_backward(Context& ctx, const Tensor& counts, int64_t rows, float coef, Tensor& dprobs) {
