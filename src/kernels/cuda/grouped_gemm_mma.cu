@@ -1,5 +1,5 @@
 // Fast bf16 grouped expert GEMM on tensor cores (mma.sync m16n8k16, fp32 accumulation):
-// y = x W[e]^T, dx = dy W[e] over each expert's rows, and dw[e] += dy_e^T x_e (f32).
+// y = x W[e]^T, dx = dy W[e] over each expert's rows, and dw[e] += dy_e^T x_e (dw f32 or bf16).
 // 128x128x64 CTA tiles, 8 warps of 64x32, a 3-stage cp.async pipeline into XOR-swizzled shared
 // memory, ldmatrix (.trans for operands whose contiguous dim is not K). Offsets stay on the
 // device: a one-block scan turns them into a tile prefix that each CTA binary-searches.
@@ -217,6 +217,8 @@ __global__ void __launch_bounds__(kThreads, 2) gmm_rows_mma_kernel(GemmArgs g) {
 
 // dw mode: dw[e][i, j] += sum over rows r of expert e of dy[r, i] x[r, j]; grid (j tiles, i tiles, E).
 // One CTA owns one output tile and walks the expert's rows in order: deterministic, no atomics.
+// DwT float: f32 +=; bf16: old value + fp32 sum, rounded to nearest even.
+template <typename DwT>
 __global__ void __launch_bounds__(kThreads, 2) gmm_dw_mma_kernel(GemmArgs g) {
   const int e = blockIdx.z;
   const int64_t lo = g.off[e], hi = g.off[e + 1];
@@ -233,7 +235,7 @@ __global__ void __launch_bounds__(kThreads, 2) gmm_dw_mma_kernel(GemmArgs g) {
   const Operand A{g.a, g.lda, lo, hi, i0, g.ci};
   const Operand B{g.b, g.ldb, lo, hi, j0, g.cj};
   mainloop<false, false>(A, B, hi - lo, acc);
-  float* c = static_cast<float*>(g.c) + static_cast<int64_t>(e) * g.ci * g.cj;
+  DwT* c = static_cast<DwT*>(g.c) + static_cast<int64_t>(e) * g.ci * g.cj;
 #pragma unroll
   for (int mi = 0; mi < 4; ++mi)
 #pragma unroll
@@ -244,11 +246,17 @@ __global__ void __launch_bounds__(kThreads, 2) gmm_dw_mma_kernel(GemmArgs g) {
       for (int ni = 0; ni < 4; ++ni) {
         const int64_t j = j0 + wn * 32 + ni * 8 + 2 * (lane & 3);
         if (j < g.cj) {
-          float2* p = reinterpret_cast<float2*>(c + i * g.cj + j);
-          float2 v = *p;
-          v.x += acc[mi][ni][2 * h];
-          v.y += acc[mi][ni][2 * h + 1];
-          *p = v;
+          if constexpr (sizeof(DwT) == 4) {
+            float2* p = reinterpret_cast<float2*>(c + i * g.cj + j);
+            float2 v = *p;
+            v.x += acc[mi][ni][2 * h];
+            v.y += acc[mi][ni][2 * h + 1];
+            *p = v;
+          } else {
+            uint32_t* p = reinterpret_cast<uint32_t*>(c + i * g.cj + j);
+            const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+            *p = mma::pack_bf16(v.x + acc[mi][ni][2 * h], v.y + acc[mi][ni][2 * h + 1]);
+          }
         }
       }
     }
@@ -318,7 +326,7 @@ void grouped_gemm_mma_dx(Context& ctx, const bf16* dy, const bf16* w, const int3
 }
 
 void grouped_gemm_mma_dw(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, int E, int64_t N,
-                         int64_t K, int64_t M, float* dw) {
+                         int64_t K, int64_t M, void* dw, bool dw_bf16) {
   GemmArgs g{};
   g.a = dy;
   g.b = x;
@@ -330,10 +338,15 @@ void grouped_gemm_mma_dw(Context& ctx, const bf16* x, const bf16* dy, const int3
   g.ci = M;
   g.cj = K;
   g.c = dw;
-  allow_smem(gmm_dw_mma_kernel);
   const dim3 grid(static_cast<unsigned>((K + kBN - 1) / kBN), static_cast<unsigned>((M + kBM - 1) / kBM),
                   static_cast<unsigned>(E));
-  gmm_dw_mma_kernel<<<grid, kThreads, kSmemBytes, stream_of(ctx)>>>(g);
+  if (dw_bf16) {
+    allow_smem(gmm_dw_mma_kernel<bf16>);
+    gmm_dw_mma_kernel<bf16><<<grid, kThreads, kSmemBytes, stream_of(ctx)>>>(g);
+  } else {
+    allow_smem(gmm_dw_mma_kernel<float>);
+    gmm_dw_mma_kernel<float><<<grid, kThreads, kSmemBytes, stream_of(ctx)>>>(g);
+  }
   check_launch("grouped_matmul_backward");
 }
 

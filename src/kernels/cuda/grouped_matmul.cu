@@ -1,14 +1,17 @@
 // CUDA grouped expert GEMM with offsets read on the device (no host synchronization):
 // y[r] = x[r] W[e]^T for rows r in [offsets[e], offsets[e+1]); dx = dy W[e]; dw[e] += dy_e^T x_e.
 // A simple shared-memory tiled kernel (64x64 tiles, 4x4 outputs per thread, fp32 accumulation);
-// x, w, y, dy, dx share one dtype (bf16 or f32), dw is f32. bf16 with K, M multiples of 8 goes to
-// the tensor-core kernels of grouped_gemm_mma.cu; these simple kernels are the fallback.
+// x, w, y, dy, dx share one dtype (bf16 or f32); dw is f32 or bf16 (fp32 sum, then old + sum rounded
+// once to nearest even). bf16 with K, M multiples of 8 goes to the tensor-core kernels: wgmma
+// (grouped_gemm_wgmma.cu) on compute capability 9.0, mma.sync (grouped_gemm_mma.cu) elsewhere;
+// these simple kernels are the fallback.
 // A row tile that straddles experts is computed once per expert, each pass writing only its
 // rows. Rows at or past offsets[E] get zeros in y and dx, like the CPU twin. dw blocks own one
 // (expert, tile) each and sum that expert's rows in order: deterministic, no atomics.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/grouped_gemm_mma.cuh"
+#include "kernels/cuda/grouped_gemm_wgmma.cuh"
 
 namespace moetrain::cuda {
 
@@ -103,9 +106,10 @@ __global__ void gmm_rows_kernel(const A* __restrict__ a, const W* __restrict__ w
 }
 
 // dw[e][m, kk] += sum over rows r of expert e of dy[r, m] * x[r, kk]; grid (K tiles, M tiles, E).
-template <typename X, typename G>
+// D = float or bf16 (old value + fp32 sum, rounded once).
+template <typename X, typename G, typename D>
 __global__ void gmm_dw_kernel(const X* __restrict__ x, const G* __restrict__ dy, const int32_t* __restrict__ off,
-                              int64_t M, int64_t K, float* __restrict__ dw) {
+                              int64_t M, int64_t K, D* __restrict__ dw) {
   const int e = blockIdx.z;
   const int64_t lo = off[e], hi = off[e + 1];
   if (lo >= hi) return;  // uniform over the block: no thread reaches tile_mma's barriers
@@ -114,13 +118,13 @@ __global__ void gmm_dw_kernel(const X* __restrict__ x, const G* __restrict__ dy,
   float acc[4][4] = {};
   tile_mma([&](int i, int64_t r) { return m0 + i < M ? to_f(dy[r * M + m0 + i]) : 0.0f; },
            [&](int64_t r, int j) { return c0 + j < K ? to_f(x[r * K + c0 + j]) : 0.0f; }, lo, hi, acc);
-  float* de = dw + static_cast<int64_t>(e) * M * K;
+  D* de = dw + static_cast<int64_t>(e) * M * K;
   for (int u = 0; u < 4; ++u) {
     const int64_t m = m0 + ty * 4 + u;
     if (m >= M) continue;
     for (int v = 0; v < 4; ++v) {
       const int64_t c = c0 + tx * 4 + v;
-      if (c < K) de[m * K + c] += acc[u][v];
+      if (c < K) de[m * K + c] = from_f<D>(to_f(de[m * K + c]) + acc[u][v]);
     }
   }
 }
@@ -155,6 +159,13 @@ void grouped_matmul(Context& ctx, const Tensor& x, const Tensor& w, const Tensor
   const dim3 grid(static_cast<unsigned>((d.M + kBN - 1) / kBN), static_cast<unsigned>((d.N + kBM - 1) / kBM));
   need_dtype(w, x.dtype(), op, "w");
   need_dtype(y, x.dtype(), op, "y");
+  if (x.dtype() == DType::kBF16 &&
+      grouped_gemm_wgmma_supported(ctx, d.N, d.K, d.M, d.E, x.data_ptr(), w.data_ptr(), y.data_ptr())) {
+    grouped_gemm_wgmma_forward(ctx, static_cast<const __nv_bfloat16*>(x.data_ptr()),
+                               static_cast<const __nv_bfloat16*>(w.data_ptr()), offsets.data<int32_t>(),
+                               static_cast<int>(d.E), d.N, d.K, d.M, static_cast<__nv_bfloat16*>(y.data_ptr()));
+    return;
+  }
   if (x.dtype() == DType::kBF16 && grouped_gemm_mma_supported(d.N, d.K, d.M, d.E, x.data_ptr(), w.data_ptr(),
                                                                y.data_ptr())) {
     grouped_gemm_mma_forward(ctx, static_cast<const __nv_bfloat16*>(x.data_ptr()),
@@ -175,7 +186,9 @@ void grouped_matmul_backward(Context& ctx, const Tensor& x, const Tensor& w, con
   const GmmDims d = check_gmm(x, w, offsets, op);
   need_cuda(dy, op, "dy");
   need_cuda(dw, op, "dw");
-  need_dtype(dw, DType::kF32, op, "dw");
+  MT_CHECK(dw.dtype() == DType::kF32 || dw.dtype() == DType::kBF16, "[{}] dw is {}, expected f32 or bf16", op,
+           dtype_name(dw.dtype()));
+  const bool dw_bf16 = dw.dtype() == DType::kBF16;
   need_dtype(w, x.dtype(), op, "w");
   need_dtype(dy, x.dtype(), op, "dy");
   need_numel(dy, d.N * d.M, op, "dy");
@@ -186,7 +199,12 @@ void grouped_matmul_backward(Context& ctx, const Tensor& x, const Tensor& w, con
     need_numel(dx, d.N * d.K, op, "dx");
     const dim3 grid(static_cast<unsigned>((d.K + kBN - 1) / kBN), static_cast<unsigned>((d.N + kBM - 1) / kBM));
     need_dtype(dx, x.dtype(), op, "dx");
-    if (x.dtype() == DType::kBF16 && grouped_gemm_mma_supported(d.N, d.K, d.M, d.E, dy.data_ptr(), w.data_ptr(),
+    if (x.dtype() == DType::kBF16 &&
+        grouped_gemm_wgmma_supported(ctx, d.N, d.K, d.M, d.E, dy.data_ptr(), w.data_ptr(), dx.data_ptr())) {
+      grouped_gemm_wgmma_dx(ctx, static_cast<const __nv_bfloat16*>(dy.data_ptr()),
+                            static_cast<const __nv_bfloat16*>(w.data_ptr()), offsets.data<int32_t>(),
+                            static_cast<int>(d.E), d.N, d.K, d.M, static_cast<__nv_bfloat16*>(dx.data_ptr()));
+    } else if (x.dtype() == DType::kBF16 && grouped_gemm_mma_supported(d.N, d.K, d.M, d.E, dy.data_ptr(), w.data_ptr(),
                                                                  dx.data_ptr())) {
       grouped_gemm_mma_dx(ctx, static_cast<const __nv_bfloat16*>(dy.data_ptr()),
                           static_cast<const __nv_bfloat16*>(w.data_ptr()), offsets.data<int32_t>(),
@@ -200,19 +218,28 @@ void grouped_matmul_backward(Context& ctx, const Tensor& x, const Tensor& w, con
     }
   }
   if (!d.M || !d.K || !d.N) return;
+  // dW stays on the mma.sync kernel on every GPU: grouped_gemm_wgmma_dw is correct but its
+  // register-fragment read-modify-write epilogue measured 3x slower (docs/design/kernels.md).
   if (x.dtype() == DType::kBF16 && grouped_gemm_mma_supported(d.N, d.K, d.M, d.E, x.data_ptr(), dy.data_ptr(),
                                                                dw.data_ptr())) {
     grouped_gemm_mma_dw(ctx, static_cast<const __nv_bfloat16*>(x.data_ptr()),
                         static_cast<const __nv_bfloat16*>(dy.data_ptr()), offsets.data<int32_t>(),
-                        static_cast<int>(d.E), d.N, d.K, d.M, dw.data<float>());
+                        static_cast<int>(d.E), d.N, d.K, d.M, dw.data_ptr(), dw_bf16);
     return;
   }
   const dim3 grid(static_cast<unsigned>((d.K + kBN - 1) / kBN), static_cast<unsigned>((d.M + kBM - 1) / kBM),
                   static_cast<unsigned>(d.E));
-  MT_CUDA_DISPATCH(x.dtype(), T, op,
-    gmm_dw_kernel<T, T><<<grid, kThreads, 0, s>>>(static_cast<const T*>(x.data_ptr()),
-                                                  static_cast<const T*>(dy.data_ptr()), offsets.data<int32_t>(), d.M,
-                                                  d.K, dw.data<float>()));
+  if (dw_bf16) {
+    MT_CUDA_DISPATCH(x.dtype(), T, op,
+      gmm_dw_kernel<T, T, __nv_bfloat16><<<grid, kThreads, 0, s>>>(
+          static_cast<const T*>(x.data_ptr()), static_cast<const T*>(dy.data_ptr()), offsets.data<int32_t>(), d.M,
+          d.K, static_cast<__nv_bfloat16*>(dw.data_ptr())));
+  } else {
+    MT_CUDA_DISPATCH(x.dtype(), T, op,
+      gmm_dw_kernel<T, T, float><<<grid, kThreads, 0, s>>>(
+          static_cast<const T*>(x.data_ptr()), static_cast<const T*>(dy.data_ptr()), offsets.data<int32_t>(), d.M,
+          d.K, dw.data<float>()));
+  }
   check_launch(op);
 }
 

@@ -1,0 +1,54 @@
+// Stand-in for src/kernels/cuda/common.cuh in the standalone GEMM harness: stream_of, check_launch,
+// MT_CUDA_CHECK and a never-freed device scratch buffer, without fmt or the project libraries.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+
+#include "core/context.h"
+
+#define MT_CUDA_CHECK(call)                                                                       \
+  do {                                                                                            \
+    cudaError_t mt_e_ = (call);                                                                   \
+    if (mt_e_ != cudaSuccess) {                                                                   \
+      std::fprintf(stderr, "CUDA error %s at %s:%d\n", cudaGetErrorString(mt_e_), __FILE__, __LINE__); \
+      std::exit(1);                                                                               \
+    }                                                                                             \
+  } while (0)
+
+namespace moetrain {
+struct ScratchStub {
+  void* p;
+  void* data_ptr() const { return p; }
+};
+using Tensor = ScratchStub;
+}  // namespace moetrain
+
+namespace moetrain::cuda {
+
+inline cudaStream_t stream_of(const Context& ctx) { return static_cast<cudaStream_t>(ctx.stream()); }
+
+inline void check_launch(const char* op) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "[%s] kernel launch failed: %s\n", op, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+inline Tensor device_scratch(const Context&, int64_t bytes) {
+  static void* p = nullptr;
+  static int64_t cap = 0;
+  if (bytes > cap) {
+    MT_CUDA_CHECK(cudaDeviceSynchronize());
+    if (p) MT_CUDA_CHECK(cudaFree(p));
+    MT_CUDA_CHECK(cudaMalloc(&p, bytes));
+    cap = bytes;
+  }
+  return Tensor{p};
+}
+
+}  // namespace moetrain::cuda

@@ -1,0 +1,29 @@
+// Hopper (sm_90a) bf16 grouped expert GEMM on warpgroup MMA (grouped_gemm_wgmma.cu): y = x W[e]^T,
+// dx = dy W[e], dw[e] += dy_e^T x_e (dw f32 or bf16). grouped_matmul.cu calls it when the device
+// is compute capability 9.0 and grouped_gemm_wgmma_supported() holds; the mma.sync kernels of
+// grouped_gemm_mma.cu remain the path for other GPUs. Offsets [E+1] i32 stay on the device.
+#pragma once
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "core/context.h"
+
+namespace moetrain::cuda {
+
+// cc 9.0, K and M multiples of 8 and > 0, E <= 1024, 16-byte aligned pointers.
+bool grouped_gemm_wgmma_supported(const Context& ctx, int64_t N, int64_t K, int64_t M, int64_t E, const void* x,
+                                  const void* w, const void* out);
+// y[N, M] = x[N, K] W[e][M, K]^T over each expert's rows; rows past offsets[E] are zeroed.
+// tile_n: output tile width, 0 = default (256); 128 is also accepted (benchmarks).
+void grouped_gemm_wgmma_forward(Context& ctx, const __nv_bfloat16* x, const __nv_bfloat16* w, const int32_t* off,
+                                int E, int64_t N, int64_t K, int64_t M, __nv_bfloat16* y, int tile_n = 0);
+// dx[N, K] = dy[N, M] W[e][M, K]; rows past offsets[E] are zeroed.
+void grouped_gemm_wgmma_dx(Context& ctx, const __nv_bfloat16* dy, const __nv_bfloat16* w, const int32_t* off, int E,
+                           int64_t N, int64_t K, int64_t M, __nv_bfloat16* dx, int tile_n = 0);
+// dw[e][M, K] += dy_e^T x_e, summed in fp32 over the expert's rows in order, then added to dw
+// (f32, or bf16 rounded to nearest even when dw_bf16). One CTA owns each output tile: deterministic.
+void grouped_gemm_wgmma_dw(Context& ctx, const __nv_bfloat16* x, const __nv_bfloat16* dy, const int32_t* off, int E,
+                           int64_t N, int64_t K, int64_t M, void* dw, bool dw_bf16, int tile_n = 0);
+
+}  // namespace moetrain::cuda
