@@ -8,24 +8,15 @@
 #include <initializer_list>
 
 #include "core/context.h"
+#include "kernels/cuda/attention_flash_problem.cuh"
 
 namespace moetrain::cuda {
-
-struct FlashAttnProblem {
-  const __nv_bfloat16* q;  // [T, nh, d]
-  const __nv_bfloat16* k;  // [T, nkv, d]
-  const __nv_bfloat16* v;  // [T, nkv, d]
-  const int32_t* cu;       // [ndocs + 1]
-  int64_t T, nh, nkv, d;
-  int ndocs;
-  float scale;
-};
 
 // Head dim 64 or 128 and every pointer 16-byte aligned.
 bool flash_attention_supported(int64_t d, std::initializer_list<const void*> ptrs);
 // out [T, nh, d] bf16, lse [nh, T] f32 (natural log of the scaled scores' sum of exponentials).
 void flash_attention_forward(Context& ctx, const FlashAttnProblem& p, __nv_bfloat16* out, float* lse);
-// dq [T, nh, d], dk/dv [T, nkv, d] bf16; uses workspace of (nh*T + 2*splits*T*nkv*d) floats.
+// dq [T, nh, d], dk/dv [T, nkv, d] bf16; deterministic (no atomics); uses device workspace.
 void flash_attention_backward(Context& ctx, const FlashAttnProblem& p, const __nv_bfloat16* out,
                               const float* lse, const __nv_bfloat16* dout, __nv_bfloat16* dq,
                               __nv_bfloat16* dk, __nv_bfloat16* dv);

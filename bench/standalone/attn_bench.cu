@@ -1,0 +1,53 @@
+// Standalone GPU harness library for the fast attention kernels (no project libraries): exposes the
+// launchers of src/kernels/cuda/attention_flash_launch.cuh (sm80 mma.sync and sm90 wgmma paths) to
+// attn_bench.py through a C ABI, which checks them against torch fp64 math and times them next to
+// torch flash sdpa. Build: nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -lineinfo
+//   -Isrc -shared -Xcompiler -fPIC bench/standalone/attn_bench.cu -o attn_bench.so
+#include "kernels/cuda/attention_flash_launch.cuh"
+
+using moetrain::cuda::FlashAttnProblem;
+namespace flash = moetrain::cuda::flash;
+
+namespace {
+FlashAttnProblem problem(const void* q, const void* k, const void* v, const int* cu, long T, long nh, long nkv,
+                         long d, int ndocs, float scale) {
+  return FlashAttnProblem{static_cast<const __nv_bfloat16*>(q), static_cast<const __nv_bfloat16*>(k),
+                          static_cast<const __nv_bfloat16*>(v), cu, T, nh, nkv, d, ndocs, scale};
+}
+flash::Arch arch_of(int arch) { return arch == 90 ? flash::Arch::kSm90 : flash::Arch::kSm80; }
+}  // namespace
+
+extern "C" {
+
+// Sets the sm90 knobs (see attention_flash_launch.cuh); 0 keeps a value.
+void attn_knobs(int fwd_key_tile, int dq_key_tile, int kv_ctas_per_sm) {
+  flash::Sm90Knobs& k = flash::sm90_knobs();
+  if (fwd_key_tile) k.fwd_key_tile = fwd_key_tile;
+  if (dq_key_tile) k.dq_key_tile = dq_key_tile;
+  if (kv_ctas_per_sm) k.kv_ctas_per_sm = kv_ctas_per_sm;
+}
+
+// arch 80 or 90; key_tile 64 or 128 (sm90 forward). Returns a cudaError_t.
+int attn_fwd(int arch, int key_tile, const void* q, const void* k, const void* v, const int* cu, long T, long nh,
+             long nkv, long d, int ndocs, float scale, void* out, float* lse, void* stream) {
+  flash::sm90_knobs().fwd_key_tile = key_tile;
+  return flash::forward(problem(q, k, v, cu, T, nh, nkv, d, ndocs, scale), static_cast<__nv_bfloat16*>(out), lse,
+                        arch_of(arch), static_cast<cudaStream_t>(stream));
+}
+
+long attn_bwd_workspace(int arch, long T, long nh, long nkv, long d, int sms) {
+  return static_cast<long>(flash::backward_workspace_bytes(problem(nullptr, nullptr, nullptr, nullptr, T, nh, nkv, d,
+                                                                   1, 1.0f),
+                                                           arch_of(arch), sms));
+}
+
+int attn_bwd(int arch, const void* q, const void* k, const void* v, const int* cu, long T, long nh, long nkv, long d,
+             int ndocs, float scale, const void* out, const float* lse, const void* dout, void* dq, void* dk, void* dv,
+             void* ws, int sms, void* stream) {
+  using bf = __nv_bfloat16;
+  return flash::backward(problem(q, k, v, cu, T, nh, nkv, d, ndocs, scale), static_cast<const bf*>(out), lse,
+                         static_cast<const bf*>(dout), static_cast<bf*>(dq), static_cast<bf*>(dk),
+                         static_cast<bf*>(dv), ws, arch_of(arch), sms, static_cast<cudaStream_t>(stream));
+}
+
+}  // extern "C"

@@ -1,0 +1,166 @@
+// Host-side launchers of the fast bf16 attention kernels, free of project dependencies so that
+// attention_flash.cu (the op) and bench/standalone/attn_bench.cu (the GPU harness) run the same
+// code: sm90 (wgmma, attention_flash_sm90.cuh) on compute capability 9.0, else sm80 (mma.sync).
+// Functions return the first CUDA error instead of throwing; the caller checks.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/cuda/attention_flash_problem.cuh"
+#include "kernels/cuda/attention_flash_sm90.cuh"
+
+namespace moetrain::cuda {
+
+namespace flash {
+
+enum class Arch { kSm80, kSm90 };
+
+// Knobs of the sm90 path, tuned on an H200 (bench/standalone/attn_bench.py varies them): key tile
+// of the forward and of the dQ kernel (64 or 128), and dK/dV CTAs per SM wanted when splitting heads.
+struct Sm90Knobs {
+  int fwd_key_tile = 128;   // 128 beat 64 by 10-13% (T 4096 / 8192)
+  int dq_key_tile = 128;    // 128 beat 64 by 1-2% despite a 96-byte spill
+  int kv_ctas_per_sm = 6;   // 6 beat 2-3 by 5-7%: finer head splits balance the causal tail
+};
+inline Sm90Knobs& sm90_knobs() {
+  static Sm90Knobs k;
+  return k;
+}
+
+inline FlashArgs base_args(const FlashAttnProblem& p) {
+  FlashArgs a{};
+  a.q = p.q;
+  a.k = p.k;
+  a.v = p.v;
+  a.cu = p.cu;
+  a.T = p.T;
+  a.nh = p.nh;
+  a.nkv = p.nkv;
+  a.group = p.nh / p.nkv;
+  a.ndocs = p.ndocs;
+  a.scale = p.scale;
+  return a;
+}
+
+template <typename K>
+cudaError_t set_smem(K kernel, size_t bytes) {
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+}
+
+#define MT_FLASH_TRY(x)                  \
+  do {                                   \
+    const cudaError_t e_ = (x);          \
+    if (e_ != cudaSuccess) return e_;    \
+  } while (0)
+
+template <int kD>
+cudaError_t forward_d(const FlashAttnProblem& p, bf16* out, float* lse, Arch arch, cudaStream_t s) {
+  FlashArgs a = base_args(p);
+  a.out = out;
+  a.lse_out = lse;
+  if (arch == Arch::kSm90) {
+    const dim3 grid(static_cast<unsigned>((p.T + kWgBM - 1) / kWgBM), static_cast<unsigned>(p.nh));
+    if (sm90_knobs().fwd_key_tile == 64) {
+      MT_FLASH_TRY(set_smem(attn_fwd_wgmma_kernel<kD, 64>, fwd_wgmma_smem<kD, 64>()));
+      attn_fwd_wgmma_kernel<kD, 64><<<grid, kWgThreads, fwd_wgmma_smem<kD, 64>(), s>>>(a);
+    } else {
+      MT_FLASH_TRY(set_smem(attn_fwd_wgmma_kernel<kD, 128>, fwd_wgmma_smem<kD, 128>()));
+      attn_fwd_wgmma_kernel<kD, 128><<<grid, kWgThreads, fwd_wgmma_smem<kD, 128>(), s>>>(a);
+    }
+    return cudaGetLastError();
+  }
+  const size_t smem = (kFwdBM + 4 * kBN) * kD * 2;
+  MT_FLASH_TRY(set_smem(attn_fwd_mma_kernel<kD>, smem));
+  const dim3 grid(static_cast<unsigned>((p.T + kFwdBM - 1) / kFwdBM), static_cast<unsigned>(p.nh));
+  attn_fwd_mma_kernel<kD><<<grid, 32 * kFwdWarps, smem, s>>>(a);
+  return cudaGetLastError();
+}
+
+inline cudaError_t forward(const FlashAttnProblem& p, bf16* out, float* lse, Arch arch, cudaStream_t s) {
+  return p.d == 128 ? forward_d<128>(p, out, lse, arch, s) : forward_d<64>(p, out, lse, arch, s);
+}
+
+// Number of head splits of the dK/dV grid: the group's heads are divided over CTAs until the grid
+// has about 4 CTAs per SM (sm80, 64 keys per CTA) or sm90_knobs().kv_ctas_per_sm (sm90, 128 keys).
+inline int64_t backward_splits(const FlashAttnProblem& p, Arch arch, int sm_count) {
+  const int64_t keys = arch == Arch::kSm90 ? kWgBM : kKvBN;
+  const int64_t kv_tiles = (p.T + keys - 1) / keys, group = p.nh / p.nkv;
+  const int64_t want = (arch == Arch::kSm90 ? sm90_knobs().kv_ctas_per_sm : 4) * std::max(1, sm_count > 0 ? sm_count : 132);
+  int64_t splits = 1;
+  while (splits < group && kv_tiles * p.nkv * splits < want) {
+    int64_t nx = splits + 1;
+    while (group % nx) ++nx;
+    splits = nx;
+  }
+  return splits;
+}
+
+// Bytes of device workspace flash backward needs: D [nh, T] and the dK/dV partials, all f32.
+inline size_t backward_workspace_bytes(const FlashAttnProblem& p, Arch arch, int sm_count) {
+  const int64_t splits = backward_splits(p, arch, sm_count);
+  return static_cast<size_t>(p.nh * p.T + 2 * splits * p.T * p.nkv * p.d) * 4;
+}
+
+template <int kD>
+cudaError_t backward_d(const FlashAttnProblem& p, const bf16* o, const float* lse, const bf16* dout, bf16* dq,
+                       bf16* dk, bf16* dv, void* workspace, Arch arch, int sm_count, cudaStream_t s) {
+  FlashArgs a = base_args(p);
+  a.o = o;
+  a.lse = lse;
+  a.dout = dout;
+  a.dq = dq;
+  const int64_t splits = backward_splits(p, arch, sm_count);
+  a.heads_per_cta = static_cast<int>(a.group / splits);
+  const int64_t n_kv = p.T * p.nkv * kD;
+  float* dsum = static_cast<float*>(workspace);
+  a.dsum = dsum;
+  a.part_k = dsum + p.nh * p.T;
+  a.part_v = a.part_k + splits * n_kv;
+  attn_dot_kernel<kD><<<static_cast<unsigned>((p.T * p.nh + 7) / 8), 256, 0, s>>>(a, dsum);
+  MT_FLASH_TRY(cudaGetLastError());
+  if (arch == Arch::kSm90) {
+    const dim3 grid_q(static_cast<unsigned>((p.T + kWgBM - 1) / kWgBM), static_cast<unsigned>(p.nh));
+    if (sm90_knobs().dq_key_tile == 128) {
+      MT_FLASH_TRY(set_smem(attn_dq_wgmma_kernel<kD, 128>, dq_wgmma_smem<kD, 128>()));
+      attn_dq_wgmma_kernel<kD, 128><<<grid_q, kWgThreads, dq_wgmma_smem<kD, 128>(), s>>>(a);
+    } else {
+      MT_FLASH_TRY(set_smem(attn_dq_wgmma_kernel<kD, 64>, dq_wgmma_smem<kD, 64>()));
+      attn_dq_wgmma_kernel<kD, 64><<<grid_q, kWgThreads, dq_wgmma_smem<kD, 64>(), s>>>(a);
+    }
+    MT_FLASH_TRY(cudaGetLastError());
+    MT_FLASH_TRY(set_smem(attn_dkdv_wgmma_kernel<kD>, dkdv_wgmma_smem<kD>()));
+    const dim3 grid_kv(static_cast<unsigned>((p.T + kWgBM - 1) / kWgBM), static_cast<unsigned>(p.nkv),
+                       static_cast<unsigned>(splits));
+    attn_dkdv_wgmma_kernel<kD><<<grid_kv, kWgThreads, dkdv_wgmma_smem<kD>(), s>>>(a);
+    MT_FLASH_TRY(cudaGetLastError());
+  } else {
+    const size_t smem_dq = (2 * kFwdBM + 4 * kBN) * kD * 2;
+    MT_FLASH_TRY(set_smem(attn_dq_mma_kernel<kD>, smem_dq));
+    const dim3 grid_q(static_cast<unsigned>((p.T + kFwdBM - 1) / kFwdBM), static_cast<unsigned>(p.nh));
+    attn_dq_mma_kernel<kD><<<grid_q, 32 * kFwdWarps, smem_dq, s>>>(a);
+    MT_FLASH_TRY(cudaGetLastError());
+    const size_t smem_kv = (2 * kKvBN + 4 * kKvBM) * kD * 2 + 4 * kKvBM * 4;
+    MT_FLASH_TRY(set_smem(attn_dkdv_mma_kernel<kD>, smem_kv));
+    const dim3 grid_kv(static_cast<unsigned>((p.T + kKvBN - 1) / kKvBN), static_cast<unsigned>(p.nkv),
+                       static_cast<unsigned>(splits));
+    attn_dkdv_mma_kernel<kD><<<grid_kv, 32 * kKvWarps, smem_kv, s>>>(a);
+    MT_FLASH_TRY(cudaGetLastError());
+  }
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n_kv + 255) / 256, 65536));
+  attn_kv_reduce_kernel<<<blocks, 256, 0, s>>>(a.part_k, a.part_v, static_cast<int>(splits), n_kv, dk, dv);
+  return cudaGetLastError();
+}
+
+inline cudaError_t backward(const FlashAttnProblem& p, const bf16* o, const float* lse, const bf16* dout, bf16* dq,
+                            bf16* dk, bf16* dv, void* workspace, Arch arch, int sm_count, cudaStream_t s) {
+  return p.d == 128 ? backward_d<128>(p, o, lse, dout, dq, dk, dv, workspace, arch, sm_count, s)
+                    : backward_d<64>(p, o, lse, dout, dq, dk, dv, workspace, arch, sm_count, s);
+}
+
+#undef MT_FLASH_TRY
+
+}  // namespace flash
+}  // namespace moetrain::cuda
