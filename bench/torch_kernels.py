@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
-# PyTorch reference timings for bench/kernel_bench.cpp on the same shapes: torch._grouped_mm on the
-# Qwen3-30B-A3B expert GEMMs (32768 routed rows, 128 experts; forward, dX, dW as bf16 GEMMs) and
-# flash scaled_dot_product_attention (causal, GQA 32/4, d 128; forward, backward). Random inputs,
-# warm-up, median of CUDA-event timings. Prints lines in kernel_bench's format, prefixed "torch".
+# PyTorch reference timings for `moetrain bench --kernels` on the same shapes: torch._grouped_mm on
+# the Qwen3-30B-A3B expert GEMMs (32768 routed rows, 128 experts; forward, dX, dW as bf16 GEMMs),
+# flash scaled_dot_product_attention (causal, GQA 32/4, d 128; forward, backward) and the unfused
+# loss head (logits GEMM + F.cross_entropy, forward + backward, V 151936). Random inputs, warm-up,
+# median of CUDA-event timings. Prints lines prefixed "torch"; --json FILE writes the rows with the
+# keys moetrain bench --json uses (gmm.gate_up.fwd, attn.full.bwd, loss_head.unfused, ...).
 import argparse
+import json
 import statistics
 
 import torch
@@ -25,8 +28,12 @@ def median_ms(fn, reps):
     return statistics.median(ts)
 
 
-def row(name, ms, flops):
+ROWS = []
+
+
+def row(name, ms, flops, key=None, **extra):
     print(f"torch {name:<34} {ms:9.3f} ms {flops / (ms * 1e-3) / 1e12:8.1f} TFLOP/s", flush=True)
+    ROWS.append({"key": key, "name": name, "ms": ms, "flops": flops, "tflops": flops / (ms * 1e-3) / 1e12, **extra})
 
 
 def route_offsets(T, k, E, seed):
@@ -47,11 +54,12 @@ def bench_gemm(T, reps):
         f = 2.0 * N * K * M
         tag = f"gmm {name} T{T}"
         wt = w.transpose(-2, -1)  # [E, K, M] view, as transformers passes it
-        row(tag + " fwd", median_ms(lambda: torch._grouped_mm(x, wt, offs=ends), reps), f)
-        row(tag + " dx", median_ms(lambda: torch._grouped_mm(dy, w, offs=ends), reps), f)
+        kk = "gmm." + name.split()[0] + "."
+        row(tag + " fwd", median_ms(lambda: torch._grouped_mm(x, wt, offs=ends), reps), f, kk + "fwd")
+        row(tag + " dx", median_ms(lambda: torch._grouped_mm(dy, w, offs=ends), reps), f, kk + "dx")
         try:
             dyt = dy.t()
-            row(tag + " dw(bf16)", median_ms(lambda: torch._grouped_mm(dyt, x, offs=ends), reps), f)
+            row(tag + " dw(bf16)", median_ms(lambda: torch._grouped_mm(dyt, x, offs=ends), reps), f, kk + "dw")
         except Exception as e:  # noqa: BLE001
             print(f"torch {tag} dw: {type(e).__name__}: {str(e)[:120]}")
         xg = x.clone().requires_grad_(True)
@@ -63,12 +71,12 @@ def bench_gemm(T, reps):
         try:
             fb = median_ms(bwd, reps)
             fo = median_ms(lambda: torch._grouped_mm(xg, wg, offs=ends), reps)
-            row(tag + " bwd(autograd)", fb - fo, 2 * f)
+            row(tag + " bwd(autograd)", fb - fo, 2 * f, kk + "bwd")
         except Exception as e:  # noqa: BLE001
             print(f"torch {tag} autograd: {type(e).__name__}: {str(e)[:120]}")
 
 
-def bench_attention(T, reps):
+def bench_attention(T, reps, key_kind):
     nh, nkv, d = 32, 4, 128
     q = torch.randn(1, nh, T, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     k = torch.randn(1, nkv, T, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -88,10 +96,30 @@ def bench_attention(T, reps):
             fwd = lambda: F.scaled_dot_product_attention(q, kr, vr, is_causal=True)  # noqa: E731
             note = " (kv expanded)"
         with torch.no_grad():
-            row(tag + " fwd" + note, median_ms(fwd, reps), f)
+            row(tag + " fwd" + note, median_ms(fwd, reps), f, f"attn.{key_kind}.fwd")
         out = fwd()
         tb = median_ms(lambda: torch.autograd.grad(out, (q, k, v) if not note else (q,), g, retain_graph=True), reps)
-        row(tag + " bwd" + note, tb, 2.5 * f)
+        row(tag + " bwd" + note, tb, 2.5 * f, f"attn.{key_kind}.bwd")
+
+
+def bench_loss_head(T, reps, H=2048, V=151936):
+    # transformers' path: logits = x W^T (bf16), F.cross_entropy on fp32 logits, autograd backward.
+    x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = (torch.randn(V, H, device="cuda", dtype=torch.bfloat16) * 0.02).requires_grad_(True)
+    labels = torch.randint(0, V, (T,), device="cuda")
+
+    def step():
+        loss = F.cross_entropy(F.linear(x, w).float(), labels)
+        loss.backward()
+    step()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    row(f"loss head T{T} H{H} V{V} unfused fwd+bwd", median_ms(step, reps), 6.0 * T * V * H, "loss_head.unfused",
+        peak_extra_bytes=peak)
 
 
 def main():
@@ -99,11 +127,21 @@ def main():
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--seqs", default="4096,8192")
+    ap.add_argument("--json", default="", help="write the rows (with moetrain bench's keys) to this file")
     a = ap.parse_args()
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
-    bench_gemm(a.tokens, a.reps)
-    for T in (int(s) for s in a.seqs.split(",")):
-        bench_attention(T, a.reps)
+    steps = [lambda: bench_gemm(a.tokens, a.reps)]
+    steps += [lambda T=int(s): bench_attention(T, a.reps, "full" if T == a.tokens else f"full{T}")
+              for s in a.seqs.split(",")]
+    steps.append(lambda: bench_loss_head(a.tokens, a.reps))
+    for st in steps:  # one failing case does not lose the others
+        try:
+            st()
+        except Exception as e:  # noqa: BLE001
+            print(f"torch case failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        if a.json:
+            json.dump({"torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "tokens": a.tokens,
+                       "rows": ROWS}, open(a.json, "w"), indent=1)
 
 
 if __name__ == "__main__":

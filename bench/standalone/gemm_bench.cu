@@ -1,7 +1,8 @@
 // Standalone check + benchmark of the expert grouped GEMM kernels (no project libraries): the
 // Hopper wgmma kernels (grouped_gemm_wgmma.cu) and the mma.sync kernels (grouped_gemm_mma.cu) are
 // compared with a float64 reference on random data (edge cases in full, the Qwen3-30B-A3B shapes
-// on sampled rows / experts), checked for determinism, and timed with CUDA events.
+// on sampled rows / experts; dW both += and =, f32 and bf16), checked for determinism and for
+// unwritten outputs, and timed with CUDA events.
 // Build (repo root): nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -lineinfo
 //   -Ibench/standalone/gemm_stub -Isrc bench/standalone/gemm_bench.cu
 //   src/kernels/cuda/grouped_gemm_mma.cu src/kernels/cuda/grouped_gemm_wgmma.cu -o gemm_bench
@@ -156,8 +157,13 @@ Problem make_routed(int64_t T, int topk, int E, int64_t K, int64_t M, uint32_t s
   return make_counts(counts, T * topk, K, M);
 }
 
-enum Impl { kOld, kNew256, kNew128 };
-const char* impl_name(Impl i) { return i == kOld ? "mma" : i == kNew256 ? "wgmma256" : "wgmma128"; }
+// kNew256k64 / kNew128k32: dW only, the non-default stage depth (64 / 32 rows) of each tile width.
+enum Impl { kOld, kNew256, kNew128, kNew256k64, kNew128k32 };
+const char* impl_name(Impl i) {
+  const char* n[] = {"mma", "wgmma256", "wgmma128", "wg256k64", "wg128k32"};
+  return n[i];
+}
+bool dw_only(Impl i) { return i == kNew256k64 || i == kNew128k32; }
 
 void run_fwd(Context& ctx, Impl im, Problem& p) {
   if (im == kOld) mc::grouped_gemm_mma_forward(ctx, p.x, p.w, p.doff, p.E, p.N, p.K, p.M, p.y);
@@ -167,9 +173,38 @@ void run_dx(Context& ctx, Impl im, Problem& p) {
   if (im == kOld) mc::grouped_gemm_mma_dx(ctx, p.dy, p.w, p.doff, p.E, p.N, p.K, p.M, p.dx);
   else mc::grouped_gemm_wgmma_dx(ctx, p.dy, p.w, p.doff, p.E, p.N, p.K, p.M, p.dx, im == kNew128 ? 128 : 256);
 }
-void run_dw(Context& ctx, Impl im, Problem& p, void* dw, bool bf) {
-  if (im == kOld) mc::grouped_gemm_mma_dw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, dw, bf);
-  else mc::grouped_gemm_wgmma_dw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, dw, bf, im == kNew128 ? 128 : 256);
+// dW: kOld = mma.sync; kNew256 / kNew128 = wgmma dW kernel with a 256 / 128 wide bf16 tile (f32
+// always uses 128, so kNew256 with f32 runs the same kernel as kNew128).
+void run_dw(Context& ctx, Impl im, Problem& p, void* dw, bool bf, bool acc) {
+  if (im == kOld) mc::grouped_gemm_mma_dw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, dw, bf, acc);
+  else
+    mc::grouped_gemm_wgmma_dw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, dw, bf, acc,
+                              im == kNew128 || im == kNew128k32 ? 128 : 256,
+                              im == kNew256k64 ? 64 : im == kNew128k32 ? 32 : 0);
+}
+
+template <typename T>
+__global__ void count_nan_kernel(const T* p, int64_t n, unsigned long long* cnt) {
+  unsigned long long c = 0;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    float v;
+    if constexpr (sizeof(T) == 4) v = p[i]; else v = __bfloat162float(p[i]);
+    c += isnan(v) ? 1 : 0;
+  }
+  atomicAdd(cnt, c);
+}
+// Number of NaN elements of a device buffer (unwritten elements after a NaN poison).
+uint64_t count_nan(const void* p, int64_t n, bool bf) {
+  unsigned long long* d;
+  CK(cudaMalloc(&d, 8));
+  CK(cudaMemset(d, 0, 8));
+  if (bf) count_nan_kernel<<<1024, 256>>>(static_cast<const bf16*>(p), n, d);
+  else count_nan_kernel<<<1024, 256>>>(static_cast<const float*>(p), n, d);
+  CK(cudaGetLastError());
+  unsigned long long h = 0;
+  CK(cudaMemcpy(&h, d, 8, cudaMemcpyDeviceToHost));
+  CK(cudaFree(d));
+  return h;
 }
 
 // Checks fwd, dx and dw (f32 and bf16) of one implementation on sampled rows / experts.
@@ -190,42 +225,55 @@ void check(Context& ctx, Impl im, Problem& p, const std::vector<int64_t>& rows, 
     return o;
   };
   // forward
-  CK(cudaMemset(p.y, 0xFF, p.N * p.M * 2));  // NaN poison
-  run_fwd(ctx, im, p);
-  ref_rows_kernel<<<(nr * p.M + 255) / 256, 256>>>(0, p.x, p.w, p.doff, p.E, drows, nr, p.K, p.M, dref);
-  CK(cudaDeviceSynchronize());
-  std::snprintf(buf, sizeof buf, "%s %s fwd", tag, impl_name(im));
-  report(buf, gather(p.y, p.M), to_host_d(dref, nr * p.M), 1e-2);
-  // dx
-  CK(cudaMemset(p.dx, 0xFF, p.N * p.K * 2));
-  run_dx(ctx, im, p);
-  ref_rows_kernel<<<(nr * p.K + 255) / 256, 256>>>(1, p.dy, p.w, p.doff, p.E, drows, nr, p.M, p.K, dref);
-  CK(cudaDeviceSynchronize());
-  std::snprintf(buf, sizeof buf, "%s %s dx", tag, impl_name(im));
-  report(buf, gather(p.dx, p.K), to_host_d(dref, nr * p.K), 1e-2);
-  // dw, f32 and bf16, on top of random old values
-  for (int bfi = 0; bfi < 2; ++bfi) {
-    const bool bf = bfi == 1;
+  if (!dw_only(im)) {  // fwd and dx
+    CK(cudaMemset(p.y, 0xFF, p.N * p.M * 2));  // NaN poison
+    run_fwd(ctx, im, p);
+    ref_rows_kernel<<<(nr * p.M + 255) / 256, 256>>>(0, p.x, p.w, p.doff, p.E, drows, nr, p.K, p.M, dref);
+    CK(cudaDeviceSynchronize());
+    std::snprintf(buf, sizeof buf, "%s %s fwd", tag, impl_name(im));
+    report(buf, gather(p.y, p.M), to_host_d(dref, nr * p.M), 1e-2);
+    // dx
+    CK(cudaMemset(p.dx, 0xFF, p.N * p.K * 2));
+    run_dx(ctx, im, p);
+    ref_rows_kernel<<<(nr * p.K + 255) / 256, 256>>>(1, p.dy, p.w, p.doff, p.E, drows, nr, p.M, p.K, dref);
+    CK(cudaDeviceSynchronize());
+    std::snprintf(buf, sizeof buf, "%s %s dx", tag, impl_name(im));
+    report(buf, gather(p.dx, p.K), to_host_d(dref, nr * p.K), 1e-2);
+  }
+  // dw, f32 and bf16: += on top of random old values, and = (overwrite) on a NaN poison
+  for (int mode = 0; mode < 4; ++mode) {
+    const bool bf = (mode & 1) != 0, acc = mode < 2;
+    if ((im == kNew256 || im == kNew256k64) && !bf) continue;  // f32 runs the 128 kernel for both
     const int64_t n = p.E * p.M * p.K;
     void* dw;
     CK(cudaMalloc(&dw, n * 4 + 16));
-    if (bf) fill(static_cast<bf16*>(dw), n, 21, 4.0f); else fill(static_cast<float*>(dw), n, 21, 4.0f);
+    if (!acc) CK(cudaMemset(dw, 0xFF, n * (bf ? 2 : 4)));
+    else if (bf) fill(static_cast<bf16*>(dw), n, 21, 4.0f);
+    else fill(static_cast<float*>(dw), n, 21, 4.0f);
     const int64_t me = p.M * p.K;  // one expert's slice
     auto slice = [&](int e) {
       return bf ? to_host_d(static_cast<bf16*>(dw) + e * me, me) : to_host_d(static_cast<float*>(dw) + e * me, me);
     };
     std::vector<std::vector<double>> old;
-    for (int e : experts) old.push_back(slice(e));
-    run_dw(ctx, im, p, dw, bf);
+    if (acc)
+      for (int e : experts) old.push_back(slice(e));
+    run_dw(ctx, im, p, dw, bf, acc);
     CK(cudaDeviceSynchronize());
+    if (!acc) {
+      const uint64_t nn = count_nan(dw, n, bf);
+      if (nn) ++g_fail;
+      std::printf("  %s %s dw %s = : %llu unwritten (NaN) elements %s\n", tag, impl_name(im), bf ? "bf16" : "f32",
+                  (unsigned long long)nn, nn ? "FAIL" : "ok");
+    }
     for (size_t q = 0; q < experts.size(); ++q) {
       const int e = experts[q];
       ref_dw_kernel<<<(me + 255) / 256, 256>>>(p.x, p.dy, p.doff, e, p.M, p.K, dref);
       CK(cudaDeviceSynchronize());
       std::vector<double> ref = to_host_d(dref, me), got = slice(e);
-      for (int64_t i = 0; i < me; ++i) ref[i] += old[q][i];
-      std::snprintf(buf, sizeof buf, "%s %s dw %s expert %d (%d rows)", tag, impl_name(im), bf ? "bf16" : "f32", e,
-                    p.off[e + 1] - p.off[e]);
+      if (acc)
+        for (int64_t i = 0; i < me; ++i) ref[i] += old[q][i];
+      std::snprintf(buf, sizeof buf, "%s %s dw %s %s expert %d (%d rows)", tag, impl_name(im), bf ? "bf16" : "f32",
+                    acc ? "+=" : "=", e, p.off[e + 1] - p.off[e]);
       report(buf, got, ref, bf ? 1e-2 : 1e-4);
     }
     CK(cudaFree(dw));
@@ -234,22 +282,24 @@ void check(Context& ctx, Impl im, Problem& p, const std::vector<int64_t>& rows, 
   CK(cudaFree(dref));
 }
 
-void check_determinism(Context& ctx, Impl im, Problem& p) {
-  const int64_t n = p.E * p.M * p.K;
-  bf16* dw[2];
-  std::vector<uint16_t> h[2];
+// Two runs of dW (+= from the same old values, and =) must give the same bits.
+void check_determinism(Context& ctx, Impl im, Problem& p, bool bf, bool acc) {
+  const int64_t n = p.E * p.M * p.K, bytes = n * (bf ? 2 : 4);
+  void* dw[2];
+  std::vector<uint8_t> h[2];
   for (int i = 0; i < 2; ++i) {
-    CK(cudaMalloc(&dw[i], n * 2));
-    fill(dw[i], n, 31, 1.0f);
-    run_dw(ctx, im, p, dw[i], true);
+    CK(cudaMalloc(&dw[i], bytes));
+    if (bf) fill(static_cast<bf16*>(dw[i]), n, 31, 1.0f); else fill(static_cast<float*>(dw[i]), n, 31, 1.0f);
+    run_dw(ctx, im, p, dw[i], bf, acc);
     run_fwd(ctx, im, p);
     CK(cudaDeviceSynchronize());
-    h[i].resize(n);
-    CK(cudaMemcpy(h[i].data(), dw[i], n * 2, cudaMemcpyDeviceToHost));
+    h[i].resize(bytes);
+    CK(cudaMemcpy(h[i].data(), dw[i], bytes, cudaMemcpyDeviceToHost));
   }
-  const bool same = std::memcmp(h[0].data(), h[1].data(), n * 2) == 0;
+  const bool same = std::memcmp(h[0].data(), h[1].data(), bytes) == 0;
   if (!same) ++g_fail;
-  std::printf("  determinism %s dw bf16 (two runs, same bits): %s\n", impl_name(im), same ? "ok" : "FAIL");
+  std::printf("  determinism %s dw %s %s (two runs, same bits): %s\n", impl_name(im), bf ? "bf16" : "f32",
+              acc ? "+=" : "=", same ? "ok" : "FAIL");
   for (int i = 0; i < 2; ++i) CK(cudaFree(dw[i]));
 }
 
@@ -282,16 +332,16 @@ int main(int argc, char** argv) {
   ctx.facts_.cc_major = prop.major;
   ctx.facts_.cc_minor = prop.minor;
   std::printf("device %s, %d SMs, cc %d.%d\n", prop.name, prop.multiProcessorCount, prop.major, prop.minor);
-  const Impl impls[] = {kOld, kNew256, kNew128};
+  const Impl impls[] = {kOld, kNew256, kNew128, kNew256k64, kNew128k32};
   if (argc > 2 && std::strcmp(argv[2], "prof") == 0) {  // one dW of each kernel, for ncu
     Problem p = make_routed(4096, 8, 128, 2048, 1536, 42);
     p.alloc();
     void* dw;
     CK(cudaMalloc(&dw, p.E * p.M * p.K * 4));
     CK(cudaMemset(dw, 0, p.E * p.M * p.K * 4));
-    run_dw(ctx, kNew256, p, dw, false);
-    run_dw(ctx, kOld, p, dw, false);
-    run_dw(ctx, kNew256, p, dw, true);
+    run_dw(ctx, kNew128, p, dw, false, true);
+    run_dw(ctx, kNew256, p, dw, true, true);
+    run_dw(ctx, kNew256, p, dw, true, false);
     run_fwd(ctx, kNew256, p);
     CK(cudaDeviceSynchronize());
     return 0;
@@ -308,6 +358,9 @@ int main(int argc, char** argv) {
       {"one-expert", {0, 0, 777, 0}, 777, 72, 264},
       {"all-tail", {0, 0, 0}, 40, 64, 128},
       {"tiny", {5, 3}, 9, 8, 8},
+      // 40 experts x 2 x 2 tiles > one wave: several tiles per CTA, empty experts between them
+      {"many", {3, 0, 70, 1, 0, 0, 129, 64, 65, 2, 0, 33, 7, 0, 90, 5, 0, 0, 0, 11,
+                200, 1, 0, 64, 63, 0, 8, 0, 300, 4, 0, 0, 17, 0, 128, 9, 0, 1, 0, 50}, 1700, 136, 200},
   };
   for (const Edge& ed : edges) {
     Problem p = make_counts(ed.counts, ed.N, ed.K, ed.M);
@@ -336,7 +389,9 @@ int main(int argc, char** argv) {
     for (int64_t r = 0; r < p.N; r += 97) rows.push_back(r);
     rows.push_back(p.N - 1);
     for (Impl im : impls) check(ctx, im, p, rows, {0, p.E / 2, p.E - 1}, s.name);
-    check_determinism(ctx, kNew256, p);
+    check_determinism(ctx, kNew256, p, true, true);
+    check_determinism(ctx, kNew256, p, true, false);
+    check_determinism(ctx, kNew128, p, false, true);
     const double f = 2.0 * p.N * p.K * p.M;
     void* dw;
     CK(cudaMalloc(&dw, p.E * p.M * p.K * 4));
@@ -346,15 +401,36 @@ int main(int argc, char** argv) {
       std::snprintf(b, sizeof b, "| %-20s | %-14s | %-9s | %8.3f | %6.0f |", s.name, op, impl_name(im), ms, f / ms / 1e9);
       table.push_back(b);
     };
-    for (Impl im : impls) {
+    for (Impl im : {kOld, kNew256, kNew128}) {
       row("fwd", im, median_ms([&] { run_fwd(ctx, im, p); }, reps));
       row("dx", im, median_ms([&] { run_dx(ctx, im, p); }, reps));
-      row("dw f32 +=", im, median_ms([&] { run_dw(ctx, im, p, dw, false); }, reps));
-      CK(cudaMemset(dw, 0, p.E * p.M * p.K * 4));
-      row("dw bf16 +=", im, median_ms([&] { run_dw(ctx, im, p, dw, true); }, reps));
+    }
+    for (Impl im : impls) {
+      for (int mode = 0; mode < 4; ++mode) {
+        const bool bf = (mode & 1) != 0, acc = mode < 2;
+        if ((im == kNew256 || im == kNew256k64) && !bf) continue;
+        char op[32];
+        std::snprintf(op, sizeof op, "dw %s %s", bf ? "bf16" : "f32", acc ? "+=" : "=");
+        CK(cudaMemset(dw, 0, p.E * p.M * p.K * 4));
+        row(op, im, median_ms([&] { run_dw(ctx, im, p, dw, bf, acc); }, reps));
+      }
     }
     CK(cudaFree(dw));
     p.release();
+  }
+  {  // copy ceiling: 1 GiB device-to-device, bytes read + written
+    const int64_t nb = int64_t(1) << 30;
+    void *a, *b;
+    CK(cudaMalloc(&a, nb));
+    CK(cudaMalloc(&b, nb));
+    CK(cudaMemset(a, 1, nb));
+    const double ms = median_ms([&] { CK(cudaMemcpyAsync(b, a, nb, cudaMemcpyDeviceToDevice)); }, reps);
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "| copy 1 GiB d2d      | r+w            | memcpy    | %8.3f | %.0f GB/s |", ms,
+                  2.0 * nb / ms / 1e6);
+    table.push_back(buf);
+    CK(cudaFree(a));
+    CK(cudaFree(b));
   }
   std::printf("\n| shape | op | kernel | ms | TFLOP/s |\n|---|---|---|---|---|\n");
   for (auto& t : table) std::printf("%s\n", t.c_str());

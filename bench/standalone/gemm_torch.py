@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 # torch._grouped_mm timings at the shapes of bench/standalone/gemm_bench.cu (T 4096 x top-8 = 32768
-# routed rows, 128 experts, random routing): forward, dx and dW (bf16 output), median of CUDA events.
+# routed rows, 128 experts, random routing): forward, dx and dW (bf16 output; f32 += as grouped_mm then
+# add_), median of CUDA events.
 import statistics
 import sys
 
@@ -37,11 +38,20 @@ def main():
         f = 2.0 * N * K * M
         wt = w.transpose(-2, -1)
         dyt = dy.t()
-        for op, fn in (("fwd", lambda: torch._grouped_mm(x, wt, offs=ends)),
-                       ("dx", lambda: torch._grouped_mm(dy, w, offs=ends)),
-                       ("dw bf16 (=)", lambda: torch._grouped_mm(dyt, x, offs=ends))):
+        gacc = torch.zeros(E, M, K, device="cuda", dtype=torch.float32)
+        ops = [("fwd", lambda: torch._grouped_mm(x, wt, offs=ends)),
+               ("dx", lambda: torch._grouped_mm(dy, w, offs=ends)),
+               ("dw bf16 =", lambda: torch._grouped_mm(dyt, x, offs=ends)),
+               ("dw f32 += (2op)", lambda: gacc.add_(torch._grouped_mm(dyt, x, offs=ends)))]
+        try:  # f32 output, if this torch's grouped_mm takes out_dtype
+            torch._grouped_mm(dyt, x, offs=ends, out_dtype=torch.float32)
+            ops.append(("dw f32 =", lambda: torch._grouped_mm(dyt, x, offs=ends, out_dtype=torch.float32)))
+        except Exception as e:  # noqa: BLE001
+            print(f"(no f32 out_dtype: {type(e).__name__})")
+        for op, fn in ops:
             ms = median_ms(fn, reps)
             print(f"| {name:<20} | {op:<14} | torch     | {ms:8.3f} | {f / ms / 1e9:6.0f} |", flush=True)
+        del gacc
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ size_t dtype_size(DType t) {
     case DType::kF32: case DType::kI32: return 4;
     case DType::kBF16: case DType::kF16: return 2;
     case DType::kF8E4M3: case DType::kF8E5M2: case DType::kU8: return 1;
-    case DType::kI64: return 8;
+    case DType::kI64: case DType::kF64: return 8;
   }
   return 0;
 }
@@ -28,6 +28,7 @@ const char* dtype_name(DType t) {
     case DType::kI32: return "i32";
     case DType::kI64: return "i64";
     case DType::kU8: return "u8";
+    case DType::kF64: return "f64";
   }
   return "?";
 }
@@ -42,6 +43,7 @@ const char* dtype_safetensors_name(DType t) {
     case DType::kI32: return "I32";
     case DType::kI64: return "I64";
     case DType::kU8: return "U8";
+    case DType::kF64: return "F64";
   }
   return "?";
 }
@@ -135,6 +137,7 @@ double load_as_double(const void* base, DType t, size_t i) {
     case DType::kI32: return static_cast<const int32_t*>(base)[i];
     case DType::kI64: return static_cast<double>(static_cast<const int64_t*>(base)[i]);
     case DType::kU8: return static_cast<const uint8_t*>(base)[i];
+    case DType::kF64: return static_cast<const double*>(base)[i];
   }
   return 0;
 }
@@ -149,6 +152,7 @@ void store_from_double(void* base, DType t, size_t i, double v) {
     case DType::kI32: static_cast<int32_t*>(base)[i] = static_cast<int32_t>(v); break;
     case DType::kI64: static_cast<int64_t*>(base)[i] = static_cast<int64_t>(v); break;
     case DType::kU8: static_cast<uint8_t*>(base)[i] = static_cast<uint8_t>(v); break;
+    case DType::kF64: static_cast<double*>(base)[i] = v; break;
   }
 }
 

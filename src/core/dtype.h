@@ -9,7 +9,9 @@
 
 namespace moetrain {
 
-enum class DType : uint8_t { kF32, kBF16, kF16, kF8E4M3, kF8E5M2, kI32, kI64, kU8 };
+// kF64 is an accumulator type only (device-side fp64 sums such as gradient norms); it is not a
+// compute float: dtype_is_float() is false for it, so ops reject it where they expect f32/bf16.
+enum class DType : uint8_t { kF32, kBF16, kF16, kF8E4M3, kF8E5M2, kI32, kI64, kU8, kF64 };
 
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);              // "f32", "bf16", ...

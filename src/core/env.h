@@ -5,6 +5,9 @@
 //   MT_PROFILE         1 makes `moetrain train` time every op and print the totals per step (0)
 //   MT_NUM_THREADS     CPU worker threads for kernels and data (0 = hardware concurrency)
 //   MT_TEST_SAVE_PAUSE_MS  tests only: a checkpoint save sleeps this long before its rename (0)
+//   MT_ATTN_ARCH       sm80 forces the mma.sync flash-attention kernels on Hopper too (read once; unset)
+//   MT_ATTN_NONDETERMINISTIC  1 lets the Hopper flash-attention backward add dQ partials in arrival
+//                      order (faster, not bitwise reproducible; read once) (0)
 #pragma once
 #include <string>
 

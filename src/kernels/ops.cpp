@@ -121,6 +121,15 @@ double sum_squares(Context& ctx, const Tensor& x) {
   MT_DISPATCH(dev, sum_squares, ctx, x);
 }
 
+void sum_squares_accumulate(Context& ctx, const Tensor& x, Tensor& acc) {
+  const char* op = "sum_squares_accumulate";
+  const Device dev = device_of(ctx, op, {{x, "x"}, {acc, "acc"}});
+  MT_CHECK(x.dtype() == DType::kF32 || x.dtype() == DType::kBF16, "[{}] x is {}, expected f32 or bf16", op,
+           dtype_name(x.dtype()));
+  expect(acc, {1}, DType::kF64, op, "acc");
+  MT_DISPATCH(dev, sum_squares_accumulate, ctx, x, acc);
+}
+
 void fill_normal(Context& ctx, Tensor& t, float mean, float std, RngStream stream) {
   const Device dev = device_of(ctx, "fill_normal", {{t, "t"}});
   check_float(t, "fill_normal", "t");
@@ -456,7 +465,9 @@ void grouped_matmul_backward(Context& ctx, const Tensor& x, const Tensor& w, con
   expect(offsets, {w.size(0) + 1}, DType::kI32, op, "offsets");
   expect_float(dy, {x.size(0), w.size(1)}, op, "dy");
   if (dx.defined()) expect_float(dx, x.shape(), op, "dx");
-  expect(dw, w.shape(), DType::kF32, op, "dw");
+  check_shape(dw, w.shape(), op, "dw");
+  MT_CHECK(dw.dtype() == DType::kF32 || dw.dtype() == DType::kBF16, "[{}] dw is {}, expected f32 or bf16", op,
+           dtype_name(dw.dtype()));
   MT_DISPATCH(dev, grouped_matmul_backward, ctx, x, w, offsets, dy, dx, dw);
 }
 
@@ -510,14 +521,23 @@ void adamw_step(Context& ctx, Tensor& master, const Tensor& grad, Tensor& m, Ten
   const char* op = "adamw_step";
   const Device dev = device_of(ctx, op, {{master, "master"}, {grad, "grad"}, {m, "m"}, {v, "v"},
                                          {compute, "compute"}});
-  check_dtype(master, DType::kF32, op, "master");
-  expect(grad, master.shape(), DType::kF32, op, "grad");
-  expect(m, master.shape(), DType::kF32, op, "m");
-  expect(v, master.shape(), DType::kF32, op, "v");
+  auto f32_or_bf16 = [&](const Tensor& t, const char* name) {
+    MT_CHECK(t.dtype() == DType::kF32 || t.dtype() == DType::kBF16, "[adamw_step] {} is {}, expected f32 or bf16",
+             name, dtype_name(t.dtype()));
+  };
+  f32_or_bf16(master, "master");
+  check_shape(grad, master.shape(), op, "grad");
+  check_shape(m, master.shape(), op, "m");
+  check_shape(v, master.shape(), op, "v");
+  f32_or_bf16(grad, "grad");
+  f32_or_bf16(m, "m");
+  f32_or_bf16(v, "v");
   if (compute.defined()) {
     MT_CHECK(compute.numel() == master.numel(), "[adamw_step] compute {} and master {} differ in element count",
              compute.desc(), master.desc());
-    check_float(compute, op, "compute");
+    f32_or_bf16(compute, "compute");
+    MT_CHECK(compute.storage() != master.storage(), "[adamw_step] compute shares storage with master; pass an "
+             "undefined compute tensor when the weights are their own master");
   }
   MT_CHECK(p.step >= 1, "[adamw_step] step = {} must be >= 1 (1-based, for bias correction)", p.step);
   MT_CHECK(p.beta1 >= 0.0f && p.beta1 < 1.0f && p.beta2 >= 0.0f && p.beta2 < 1.0f,

@@ -7,7 +7,9 @@
 // - T = tokens of one packed micro-batch, H = hidden, V = vocab, E = experts, k = top-k,
 //   nh/nkv = query/kv heads, d = head dim, I = expert (or dense) intermediate width.
 // - Outputs named d* that are parameter gradients ACCUMULATE (+=) in fp32; activation gradients
-//   are overwritten unless the op says otherwise.
+//   are overwritten unless the op says otherwise. Matrix-weight gradients (matmul's c with
+//   beta = 1, grouped_matmul_backward's dw) may be bf16 (optimizer.main_grads_dtype): the sum is
+//   formed in f32 from the old value and rounded to nearest even once per call.
 // - Compute-dtype tensors ("act") are f32 on the CPU and bf16 (or f32) on CUDA; statistics that
 //   feed backward (rstd, lse, probs) are always f32.
 #pragma once
@@ -23,6 +25,9 @@ void cast(Context& ctx, const Tensor& src, Tensor& dst);       // same numel, fl
 void add_(Context& ctx, Tensor& y, const Tensor& x, float alpha = 1.0f);  // y += alpha * x
 void scale_(Context& ctx, Tensor& y, float alpha);             // y *= alpha
 double sum_squares(Context& ctx, const Tensor& x);             // sum x^2 in fp64 (for norms)
+// acc[0] += sum x^2 (x f32 or bf16), in fp64 on x's device with no host synchronization; a
+// gradient norm over many tensors reads acc once. Deterministic (fixed-order partial sums).
+void sum_squares_accumulate(Context& ctx, const Tensor& x, Tensor& acc /*[1] f64*/);
 // Fills with normal(mean, std): elements 2j and 2j+1 are the Box-Muller pair (cosine, sine
 // value) of philox4x32(stream.key, stream.counter, j) (see philox_normal2), so the values depend
 // only on the stream and the index (identical on CPU and CUDA up to libm).
@@ -43,6 +48,7 @@ void rmsnorm_backward(Context& ctx, const Tensor& x /*[R,D]*/, const Tensor& w /
                       Tensor& dw /*[D] f32, +=*/);
 
 // ---- GEMM: C[M,N] = alpha * op(A) * op(B) + beta * C ---------------------------------------
+// c may be bf16 while a and b are f32 (a bf16 gradient on the CPU path): f32 sum, one rounding.
 enum class Trans : uint8_t { kNo, kYes };
 void matmul(Context& ctx, const Tensor& a, Trans ta, const Tensor& b, Trans tb, Tensor& c,
             float alpha = 1.0f, float beta = 0.0f);
@@ -120,10 +126,12 @@ void moe_unpermute_backward(Context& ctx, const Tensor& dy /*[T,H]*/, const Tens
 // offsets live on the tensors' device (no host synchronization needed by the caller).
 void grouped_matmul(Context& ctx, const Tensor& x /*[N,K]*/, const Tensor& w /*[E,M,K]*/,
                     const Tensor& offsets /*[E+1] i32*/, Tensor& y /*[N,M]*/);
-// dx = dy W[e] (skipped when dx is undefined); dw[e] += dy_e^T x_e.
+// dx = dy W[e] (skipped when dx is undefined); dw[e] += dy_e^T x_e. dw is f32 or bf16; a bf16
+// dw[e] is widened, the product added in f32, and rounded to nearest even once per call
+// (experts with no rows are left untouched).
 void grouped_matmul_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& offsets,
                              const Tensor& dy /*[N,M]*/, Tensor& dx /*[N,K]*/,
-                             Tensor& dw /*[E,M,K] f32, +=*/);
+                             Tensor& dw /*[E,M,K] f32|bf16, +=*/);
 
 // ---- cross-entropy over a large vocabulary ------------------------------------------------
 // losses[t] = weights[t] * (lse[t] - logits[t, labels[t]]), 0 where labels[t] == -100.
@@ -141,7 +149,7 @@ enum class Reduction : uint8_t { kMean, kSum };
 double cross_entropy(Context& ctx, const Tensor& logits, const Tensor& labels, const Tensor& mask,
                      Reduction reduction, Tensor* dlogits);
 
-// ---- AdamW (decoupled weight decay), fp32 master weights and states -----------------------
+// ---- AdamW (decoupled weight decay) ----------------------------------------------------------
 struct AdamWParams {
   float lr = 1e-4f;
   float beta1 = 0.9f;
@@ -150,9 +158,15 @@ struct AdamWParams {
   float weight_decay = 0.0f;
   int64_t step = 1;         // 1-based, for bias correction
   float grad_scale = 1.0f;  // multiplies the gradient first (clipping)
+  // bf16 master only: round the new weight stochastically with word i % 4 of
+  // philox4x32(rng.key, rng.counter, i / 4) for element i (else round to nearest even).
+  bool stochastic_rounding = false;
+  RngStream rng;
 };
-// master, grad, m, v: same shape, f32. When `compute` is defined (bf16 or f32), it receives the
-// updated weights in its dtype.
+// master: the main weights, updated in place, f32 or bf16 (bf16 = no fp32 master copy). grad,
+// m, v: same element count, each f32 or bf16; math in f32 (kernels/adamw_math.h), bf16 m/v
+// stored rounded to nearest even. When `compute` is defined (f32 or bf16, a separate tensor), it
+// receives the stored new weights in its dtype. CPU and CUDA give identical bits.
 void adamw_step(Context& ctx, Tensor& master, const Tensor& grad, Tensor& m, Tensor& v,
                 const AdamWParams& p, Tensor& compute);
 

@@ -93,12 +93,17 @@ void fill_normal_host(float* out, int64_t n, uint64_t key, float std) {
 }  // namespace
 
 ModelParams ModelParams::allocate(const ModelConfig& cfg, DType dtype, Device device, MemCategory cat) {
+  return allocate(cfg, dtype, dtype, device, cat);
+}
+
+ModelParams ModelParams::allocate(const ModelConfig& cfg, DType other, DType matrix, Device device, MemCategory cat) {
   ModelParams p;
   p.config = cfg;
   const int64_t H = cfg.hidden_size, V = cfg.vocab_size, d = cfg.head_dim;
   const int64_t nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
-  auto mk = [&](const Shape& s) { return Tensor::empty(s, dtype, device, cat); };
-  p.embed = mk({V, H});
+  // Matrices (dim >= 2) take `matrix`; 1-D tensors and the embedding table take `other`.
+  auto mk = [&](const Shape& s) { return Tensor::empty(s, s.size() >= 2 ? matrix : other, device, cat); };
+  p.embed = Tensor::empty({V, H}, other, device, cat);
   p.layers.resize(static_cast<size_t>(cfg.num_hidden_layers));
   for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
     LayerParams& L = p.layers[static_cast<size_t>(l)];

@@ -377,8 +377,10 @@ Tensor Qwen3Model::token_logprobs(Context& ctx, const Batch& batch) {
   return r.nll;
 }
 
-ModelParams allocate_gradients(const ModelConfig& cfg, Device device) {
-  ModelParams g = ModelParams::allocate(cfg, DType::kF32, device, MemCategory::kGradients);
+ModelParams allocate_gradients(const ModelConfig& cfg, Device device, DType matrix_dtype) {
+  MT_CHECK(matrix_dtype == DType::kF32 || matrix_dtype == DType::kBF16,
+           "[model] gradient dtype {} is not supported (f32 or bf16)", dtype_name(matrix_dtype));
+  ModelParams g = ModelParams::allocate(cfg, DType::kF32, matrix_dtype, device, MemCategory::kGradients);
   zero_gradients(g);
   return g;
 }

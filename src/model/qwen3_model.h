@@ -122,8 +122,10 @@ class Qwen3Model {
   Tensor ones_cache_;                         // f32 ones on the device (sums as dot products)
 };
 
-// f32 zeros in the model's layout, category kGradients (lm_head aliases embed when tied).
-ModelParams allocate_gradients(const ModelConfig& cfg, Device device);
+// Zeros in the model's layout, category kGradients (lm_head aliases embed when tied): f32, or
+// `matrix_dtype` (optimizer.main_grads_dtype) for the 2-D/3-D weights written by matmul and
+// grouped_matmul_backward; norms and the embedding table (embedding_backward) stay f32.
+ModelParams allocate_gradients(const ModelConfig& cfg, Device device, DType matrix_dtype = DType::kF32);
 void zero_gradients(ModelParams& grads);
 
 // Visits tensors under transformers' in-memory parameter names (experts fused as

@@ -5,10 +5,19 @@
 
 #include <cmath>
 
+#include "core/log.h"
 #include "kernels/ops.h"
 #include "optim/name_pattern.h"
 
 namespace moetrain {
+
+DType parse_precision_dtype(const std::string& s, const std::string& key) {
+  if (s == "fp32") return DType::kF32;
+  if (s == "bf16") return DType::kBF16;
+  MT_FAIL("[config] {} is '{}', expected fp32 or bf16", key, s);
+}
+
+const char* precision_dtype_name(DType t) { return t == DType::kBF16 ? "bf16" : t == DType::kF32 ? "fp32" : dtype_name(t); }
 
 double clip_coefficient(double grad_norm, double max_norm) {
   if (max_norm <= 0.0 || !std::isfinite(grad_norm)) return 1.0;
@@ -19,6 +28,12 @@ double clip_coefficient(double grad_norm, double max_norm) {
 AdamW::AdamW(std::vector<OptimParam> params, const AdamWConfig& cfg) : params_(std::move(params)), cfg_(cfg) {
   for (const auto& p : cfg_.freeze_patterns) validate_name_pattern(p, "model.freeze");
   for (const auto& p : cfg_.no_decay_patterns) validate_name_pattern(p, "optimizer.no_weight_decay");
+  // A bf16 v holds 8 significant bits: v * beta2 rounds back to v when 1 - beta2 is below half an
+  // ulp (2^-9), so v could grow but never decay.
+  if (cfg_.exp_avg_sq_dtype == DType::kBF16 && 1.0 - cfg_.beta2 < 1.0 / 256.0)
+    MT_LOG_WARN("[adamw] exp_avg_sq_dtype bf16 with adam_beta2 = {}: a bf16 second moment cannot register a decay of "
+                "1 - beta2 = {:.2g} (below its resolution of ~0.004); use beta2 <= 0.99 or exp_avg_sq_dtype fp32",
+                cfg_.beta2, 1.0 - cfg_.beta2);
   const size_t n = params_.size();
   roles_.resize(n);
   master_.resize(n);
@@ -31,33 +46,41 @@ AdamW::AdamW(std::vector<OptimParam> params, const AdamWConfig& cfg) : params_(s
       roles_[i] = ParamRole::kFrozen;
       continue;
     }
-    MT_CHECK(p.grad.defined() && p.grad.dtype() == DType::kF32 && p.grad.shape() == p.weight.shape(),
-             "[adamw] gradient of {} must be f32 {}, got {}", p.name, shape_str(p.weight.shape()),
+    MT_CHECK(p.grad.defined() && (p.grad.dtype() == DType::kF32 || p.grad.dtype() == DType::kBF16) &&
+                 p.grad.shape() == p.weight.shape(),
+             "[adamw] gradient of {} must be f32 or bf16 {}, got {}", p.name, shape_str(p.weight.shape()),
              p.grad.defined() ? p.grad.desc() : std::string("undefined"));
     roles_[i] = (p.weight.dim() <= 1 || name_matches_any(cfg_.no_decay_patterns, p.name)) ? ParamRole::kNoDecay
                                                                                          : ParamRole::kDecay;
     const Device dev = p.weight.device();
-    if (p.weight.dtype() == DType::kF32) {
-      master_[i] = p.weight;
+    if (p.weight.dtype() == cfg_.main_params_dtype) {
+      master_[i] = p.weight;  // the weights are the main copy, updated in place
     } else {
-      master_[i] = Tensor::empty(p.weight.shape(), DType::kF32, dev, MemCategory::kMaster);
+      master_[i] = Tensor::empty(p.weight.shape(), cfg_.main_params_dtype, dev, MemCategory::kMaster);
       if (dev.is_cpu()) {
-        master_[i].copy_from(p.weight.to(DType::kF32));
+        master_[i].copy_from(p.weight.to(cfg_.main_params_dtype));
       } else {
         Context ctx(dev);
         ops::cast(ctx, p.weight, master_[i]);
+        ctx.synchronize();
       }
     }
-    m_[i] = Tensor::zeros(p.weight.shape(), DType::kF32, dev, MemCategory::kOptimizer);
-    v_[i] = Tensor::zeros(p.weight.shape(), DType::kF32, dev, MemCategory::kOptimizer);
+    m_[i] = Tensor::zeros(p.weight.shape(), cfg_.exp_avg_dtype, dev, MemCategory::kOptimizer);
+    v_[i] = Tensor::zeros(p.weight.shape(), cfg_.exp_avg_sq_dtype, dev, MemCategory::kOptimizer);
   }
 }
 
 double AdamW::grad_norm(Context& ctx, double scale) const {
-  double ss = 0.0;
-  for (size_t i = 0; i < params_.size(); ++i)
-    if (roles_[i] != ParamRole::kFrozen) ss += ops::sum_squares(ctx, params_[i].grad);
-  return std::sqrt(ss) * std::abs(scale);
+  Tensor acc;  // [1] f64 on the gradients' device, read once
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (roles_[i] == ParamRole::kFrozen) continue;
+    if (!acc.defined()) acc = Tensor::zeros({1}, DType::kF64, params_[i].grad.device(), MemCategory::kWorkspace);
+    ops::sum_squares_accumulate(ctx, params_[i].grad, acc);
+  }
+  if (!acc.defined()) return 0.0;
+  if (acc.device().is_cuda()) ctx.synchronize();  // the one wait of the norm: then an 8-byte copy
+  const Tensor host = acc.device().is_cpu() ? acc : acc.to(Device::cpu());
+  return std::sqrt(host.data<double>()[0]) * std::abs(scale);
 }
 
 void AdamW::step(Context& ctx, double lr, double grad_scale) {
@@ -72,6 +95,9 @@ void AdamW::step(Context& ctx, double lr, double grad_scale) {
     ap.weight_decay = roles_[i] == ParamRole::kDecay ? static_cast<float>(cfg_.weight_decay) : 0.0f;
     ap.step = step_;
     ap.grad_scale = static_cast<float>(grad_scale);
+    // One stream per (parameter, step); element j of the parameter reads word j % 4 of call j / 4.
+    ap.stochastic_rounding = cfg_.stochastic_rounding && master_[i].dtype() == DType::kBF16;
+    ap.rng = ctx.rng(kRngPurposeAdamWRounding + i, static_cast<uint64_t>(step_));
     Tensor compute = master_[i].storage() == params_[i].weight.storage() ? Tensor() : params_[i].weight;
     ops::adamw_step(ctx, master_[i], params_[i].grad, m_[i], v_[i], ap, compute);
   }

@@ -1,6 +1,9 @@
-// AdamW over a named parameter set, with fp32 master weights and fp32 moment states. Parameters
-// whose compute dtype is f32 are their own master (no copy); bf16 ones get an f32 master and the
-// update writes the rounded result back. No weight decay on 1-D tensors (norms, biases) or names
+// AdamW over a named parameter set with configurable precision (Megatron's precision-aware
+// optimizer keys): the main weights are the compute weights themselves when their dtype equals
+// main_params_dtype (f32 weights with fp32 main params, or bf16 weights with bf16 main params:
+// the update writes them in place, rounded stochastically or to nearest), else a separate master
+// copy in main_params_dtype whose update is copied into the compute weights. Moments m, v are f32
+// or bf16; gradients f32 or bf16. No weight decay on 1-D tensors (norms, biases) or names
 // matching optimizer.no_weight_decay patterns; frozen parameters get no state and no update.
 #pragma once
 #include <cstdint>
@@ -16,8 +19,15 @@ namespace moetrain {
 struct OptimParam {
   std::string name;
   Tensor weight;  // compute weights (model-owned storage; updated in place)
-  Tensor grad;    // f32, same shape, same device; accumulated by backward
+  Tensor grad;    // f32 or bf16, same shape, same device; accumulated by backward
 };
+
+// "fp32" -> kF32, "bf16" -> kBF16 (the optimizer.*_dtype keys); anything else throws naming `key`.
+DType parse_precision_dtype(const std::string& s, const std::string& key);
+const char* precision_dtype_name(DType t);  // kF32 -> "fp32", kBF16 -> "bf16"
+
+// Philox purpose of the stochastic-rounding stream of parameter i at a step (Context::rng).
+inline constexpr uint64_t kRngPurposeAdamWRounding = 0x520000;
 
 struct AdamWConfig {
   double beta1 = 0.9;
@@ -26,6 +36,10 @@ struct AdamWConfig {
   double weight_decay = 0.0;
   std::vector<std::string> no_decay_patterns;  // besides the 1-D rule
   std::vector<std::string> freeze_patterns;
+  DType main_params_dtype = DType::kF32;  // master dtype (equal to the weights' dtype: no copy)
+  DType exp_avg_dtype = DType::kF32;
+  DType exp_avg_sq_dtype = DType::kF32;
+  bool stochastic_rounding = true;  // bf16 main params: stochastic (true) or nearest-even rounding
 };
 
 enum class ParamRole : uint8_t { kDecay, kNoDecay, kFrozen };
@@ -38,8 +52,9 @@ class AdamW {
  public:
   AdamW(std::vector<OptimParam> params, const AdamWConfig& cfg);
 
-  // Global L2 norm over the gradients of trainable parameters, accumulated in fp64, times `scale`
-  // (the factor the gradients will be multiplied by, e.g. a loss normalization).
+  // Global L2 norm over the gradients of trainable parameters, accumulated in fp64 on the
+  // device and read once (one host synchronization), times `scale` (the factor the gradients
+  // will be multiplied by, e.g. a loss normalization).
   double grad_norm(Context& ctx, double scale = 1.0) const;
   // One update with learning rate `lr`; every gradient is multiplied by grad_scale first.
   void step(Context& ctx, double lr, double grad_scale);
@@ -53,13 +68,14 @@ class AdamW {
   int64_t num_frozen_elements() const;
 
   // Optimizer state named globally for checkpoints: "exp_avg.<name>", "exp_avg_sq.<name>" and,
-  // when the master is a separate copy, "master.<name>". Loading copies into these tensors.
+  // when the master is a separate copy, "master.<name>", each in its own dtype. Loading copies
+  // into these tensors.
   std::vector<std::pair<std::string, Tensor>> state_tensors() const;
 
  private:
   std::vector<OptimParam> params_;
   std::vector<ParamRole> roles_;
-  std::vector<Tensor> master_, m_, v_;  // undefined for frozen params; master_ aliases f32 weights
+  std::vector<Tensor> master_, m_, v_;  // undefined for frozen params; master_ may alias the weights
   AdamWConfig cfg_;
   int64_t step_ = 0;
 };

@@ -13,6 +13,7 @@
 
 #include "core/check.h"
 #include "model/hf_checkpoint.h"
+#include "optim/adamw.h"
 #include "train/config.h"
 #include "train/metrics.h"
 
@@ -151,6 +152,10 @@ PlanInput PlanInput::from_config(const TrainConfig& cfg, const Hardware& hw) {
   in.train_iters = cfg.training.train_iters;
   in.keep_last = cfg.checkpoint.keep_last;
   in.freeze = cfg.model.freeze;
+  in.main_grads_dtype = parse_precision_dtype(cfg.optimizer.main_grads_dtype, "optimizer.main_grads_dtype");
+  in.main_params_dtype = parse_precision_dtype(cfg.optimizer.main_params_dtype, "optimizer.main_params_dtype");
+  in.exp_avg_dtype = parse_precision_dtype(cfg.optimizer.exp_avg_dtype, "optimizer.exp_avg_dtype");
+  in.exp_avg_sq_dtype = parse_precision_dtype(cfg.optimizer.exp_avg_sq_dtype, "optimizer.exp_avg_sq_dtype");
   return in;
 }
 

@@ -93,6 +93,12 @@ struct PlanInput {
   int64_t train_iters = 0;
   int64_t keep_last = 3;
   std::vector<std::string> freeze;  // parameter-name patterns without gradients' optimizer state
+  // Precision (optimizer.*_dtype): matrix-weight gradients, AdamW's main weights (a master copy
+  // exists only when it differs from the weights' dtype: f32 on the CPU path, bf16 on GPUs), m, v.
+  DType main_grads_dtype = DType::kF32;
+  DType main_params_dtype = DType::kF32;
+  DType exp_avg_dtype = DType::kF32;
+  DType exp_avg_sq_dtype = DType::kF32;
 
   // Tokens in one micro-batch on one GPU before splitting by tp/cp (DPO: chosen + rejected).
   int64_t micro_batch_tokens() const;

@@ -64,6 +64,7 @@ namespace {
 struct StageParams {
   double dense = 0, expert = 0;     // local elements (dense: after tp split)
   double dense_muon = 0;            // of `dense`, the 2-D hidden matrices
+  double grad_f32 = 0;              // of `dense`, gradients that stay f32: norms and the embedding table
   double largest_ns = 0;            // Muon Newton-Schulz workspace bytes for the largest batch
 };
 
@@ -77,11 +78,16 @@ StageParams stage_params(const ModelConfig& c, const Layout& lay, int64_t first,
   const double tp = static_cast<double>(lay.tp), H = static_cast<double>(c.hidden_size);
   const double V = static_cast<double>(c.vocab_size), d = static_cast<double>(c.head_dim);
   const double qw = static_cast<double>(c.num_attention_heads) * d, kvw = static_cast<double>(c.num_key_value_heads) * d;
-  if (embed) s.dense += V * H / tp;
-  if (head) s.dense += H + (c.tie_word_embeddings && !embed ? V * H / tp : 0) + (c.tie_word_embeddings ? 0 : V * H / tp);
+  if (embed) s.dense += V * H / tp, s.grad_f32 += V * H / tp;
+  if (head) {
+    const double tied_copy = c.tie_word_embeddings && !embed ? V * H / tp : 0;  // the embedding's gradient (f32)
+    s.dense += H + tied_copy + (c.tie_word_embeddings ? 0 : V * H / tp);
+    s.grad_f32 += H + tied_copy;
+  }
   for (int64_t l = first; l < first + n; ++l) {
     const double attn = (2 * H * qw + 2 * H * kvw) / tp;
     s.dense += attn + 2 * H + 2 * d;
+    s.grad_f32 += 2 * H + 2 * d;
     s.dense_muon += attn;
     s.largest_ns = std::max(s.largest_ns, newton_schulz_bytes(qw / tp, H));
     if (c.is_sparse_layer(l)) {
@@ -136,8 +142,11 @@ StagePlan plan_stage(const PlanInput& in, const Hardware& hw, int64_t first, int
   const double shard_e = in.distributed_optimizer ? static_cast<double>(lay.expert_dp()) : 1.0;
   const double muon_frac = p.dense > 0 ? p.dense_muon / p.dense : 0.0;
 
-  double sb_dense = 8, sb_expert = 8;
-  std::string state_note = "AdamW m, v f32 (8 B/param)";
+  const double m_bytes = static_cast<double>(dtype_size(in.exp_avg_dtype));
+  const double adam_state = m_bytes + static_cast<double>(dtype_size(in.exp_avg_sq_dtype));
+  double sb_dense = adam_state, sb_expert = adam_state;
+  std::string state_note = fmt::format("AdamW m {}, v {} ({} B/param)", dtype_name(in.exp_avg_dtype),
+                                       dtype_name(in.exp_avg_sq_dtype), adam_state);
   switch (in.optimizer) {
     case OptimizerKind::kAdamW: break;
     case OptimizerKind::kAdamW8bit:
@@ -145,9 +154,9 @@ StagePlan plan_stage(const PlanInput& in, const Hardware& hw, int64_t first, int
       state_note = "8-bit m, v + f32 absmax per 256 (2.03 B/param)";
       break;
     case OptimizerKind::kMuon:
-      sb_expert = 4;
-      sb_dense = muon_frac * 4 + (1 - muon_frac) * 8;
-      state_note = "Muon momentum f32 for 2-D hidden matrices, AdamW m, v for the rest";
+      sb_expert = m_bytes;
+      sb_dense = muon_frac * m_bytes + (1 - muon_frac) * adam_state;
+      state_note = fmt::format("Muon momentum {} for 2-D hidden matrices, AdamW m, v for the rest", dtype_name(in.exp_avg_dtype));
       break;
     case OptimizerKind::kAdamWOffload:
       sb_dense = sb_expert = 0;
@@ -157,10 +166,16 @@ StagePlan plan_stage(const PlanInput& in, const Hardware& hw, int64_t first, int
   const bool offload = in.optimizer == OptimizerKind::kAdamWOffload;
   const double shard_params = td / shard_d + te / shard_e;  // trainable elements whose update this GPU owns
 
+  // Gradients: f32 for norms and the embedding, main_grads_dtype for the matrices (allocate_gradients).
+  const double gbytes = static_cast<double>(dtype_size(in.main_grads_dtype));
+  // A master copy exists only when main_params_dtype differs from the weights' dtype (optim/adamw.h).
+  const DType weight_dtype = cpu ? DType::kF32 : DType::kBF16;
+  const bool has_master = !offload && in.main_params_dtype != weight_dtype;
+  const double master_bytes = has_master ? static_cast<double>(dtype_size(in.main_params_dtype)) : 0.0;
   std::array<double, kNumMemCategories> pers{};
   pers[ci(MemCategory::kWeights)] = local * wbytes;
-  pers[ci(MemCategory::kGradients)] = local * 4;
-  pers[ci(MemCategory::kMaster)] = (cpu || offload) ? 0 : 4 * shard_params;
+  pers[ci(MemCategory::kGradients)] = p.grad_f32 * 4 + (local - p.grad_f32) * gbytes;
+  pers[ci(MemCategory::kMaster)] = master_bytes * shard_params;
   pers[ci(MemCategory::kOptimizer)] = td / shard_d * sb_dense + te / shard_e * sb_expert;
   const bool dp_comm = lay.dp * lay.cp > 1 || lay.expert_dp() > 1;
   double other = 0;
@@ -172,10 +187,13 @@ StagePlan plan_stage(const PlanInput& in, const Hardware& hw, int64_t first, int
   auto add = [&](const std::string& name, MemCategory cat, double bytes, const std::string& note) {
     if (bytes > 0) m.items.push_back({name, cat, bytes, note});
   };
-  add(cpu ? "weights (f32, also the master copy)" : "weights (bf16 compute copy)", MemCategory::kWeights,
-      pers[ci(MemCategory::kWeights)], fmt::format("{:.3f} B params on this GPU ({:.3f} B expert)", local / 1e9, p.expert / 1e9));
-  add("gradients (f32)", MemCategory::kGradients, pers[ci(MemCategory::kGradients)], "every parameter, accumulated over micro-batches");
-  add("master weights (f32)", MemCategory::kMaster, pers[ci(MemCategory::kMaster)],
+  add(fmt::format("weights ({}{})", dtype_name(weight_dtype), has_master || offload ? " compute copy" : ", also the main copy"),
+      MemCategory::kWeights, pers[ci(MemCategory::kWeights)],
+      fmt::format("{:.3f} B params on this GPU ({:.3f} B expert)", local / 1e9, p.expert / 1e9));
+  add(in.main_grads_dtype == DType::kF32 ? std::string("gradients (f32)")
+                                         : fmt::format("gradients ({} matrices, f32 norms and embedding)", dtype_name(in.main_grads_dtype)),
+      MemCategory::kGradients, pers[ci(MemCategory::kGradients)], "every parameter, accumulated over micro-batches");
+  add(fmt::format("master weights ({})", dtype_name(in.main_params_dtype)), MemCategory::kMaster, pers[ci(MemCategory::kMaster)],
       in.distributed_optimizer && shard_d * shard_e > 1
           ? fmt::format("sharded: dense over {}, experts over {}", shard_d, shard_e) : "");
   add("optimizer states", MemCategory::kOptimizer, pers[ci(MemCategory::kOptimizer)], state_note);
@@ -310,11 +328,14 @@ CheckpointPlan plan_checkpoint(const PlanInput& in) {
   const ParamCounts p = count_parameters(in.model, in.freeze);
   const double total = static_cast<double>(p.total), train = static_cast<double>(p.total - p.frozen);
   const double muon_frac = p.total > 0 ? static_cast<double>(p.muon) / total : 0.0;
-  double states = 8;
+  const double m_bytes = static_cast<double>(dtype_size(in.exp_avg_dtype));
+  double states = m_bytes + static_cast<double>(dtype_size(in.exp_avg_sq_dtype));
   if (in.optimizer == OptimizerKind::kAdamW8bit) states = 2.0 + 8.0 / static_cast<double>(kEightBitBlock);
-  if (in.optimizer == OptimizerKind::kMuon) states = muon_frac * 4 + (1 - muon_frac) * 8;
-  // Model tensors in the compute dtype (bf16), master f32, optimizer state: named globally.
-  cp.resume_bytes = total * 2 + train * (4 + states);
+  if (in.optimizer == OptimizerKind::kMuon) states = muon_frac * m_bytes + (1 - muon_frac) * states;
+  // Model tensors in the compute dtype (bf16), the master copy (none with bf16 main params, which
+  // are the bf16 weights themselves), optimizer state: named globally.
+  const double master = in.main_params_dtype == DType::kBF16 ? 0.0 : static_cast<double>(dtype_size(in.main_params_dtype));
+  cp.resume_bytes = total * 2 + train * (master + states);
   cp.export_bytes = total * 2;
   cp.disk_bytes = static_cast<double>(std::max<int64_t>(1, in.keep_last)) * cp.resume_bytes + cp.export_bytes;
   return cp;

@@ -69,22 +69,46 @@ void write_tensors(const std::string& dir, const NamedTensors& tensors) {
   write_safetensors_sharded(dir, specs, opt);
 }
 
+// Optimizer state in another dtype (e.g. fp32 moments loaded by an optimizer.exp_avg_dtype bf16
+// run) is converted (round to nearest even, with a warning); a master copy that exists on one
+// side only (optimizer.main_params_dtype changed) is an error, since neither side can be rebuilt
+// exactly from the other.
 void load_tensors(const std::string& step_dir, const std::string& sub, const NamedTensors& into) {
   const std::string dir = step_dir + "/" + sub;
   if (into.empty()) return;
   MT_CHECK(fs::is_directory(dir), "[checkpoint] {} has no {}/ directory", step_dir, sub);
   SafetensorsCheckpoint ck = SafetensorsCheckpoint::open_dir(dir);
+  const char* kMasterHint = "optimizer.main_params_dtype differs from the run that wrote it (bf16 main params with bf16 "
+                            "weights keep no master copy); resume with the same optimizer.main_params_dtype, or set "
+                            "checkpoint.load=none to start fresh";
+  bool warned = false;
   for (const auto& [name, t] : into) {
+    if (!ck.contains(name) && name.rfind("master.", 0) == 0)
+      MT_FAIL("[checkpoint] {}/{} has no master copy '{}' but this run keeps one: {}", step_dir, sub, name, kMasterHint);
     MT_CHECK(ck.contains(name), "[checkpoint] {}/{} has no tensor '{}' (was it saved with another model or frozen set?)",
              step_dir, sub, name);
     Tensor src = ck.tensor(name);
     MT_CHECK(src.shape() == t.shape(), "[checkpoint] {}/{}: tensor '{}' has shape {}, expected {}", step_dir, sub, name,
              shape_str(src.shape()), shape_str(t.shape()));
     Tensor dst = t;
-    if (src.dtype() != t.dtype()) src = src.to(t.dtype());
+    if (src.dtype() != t.dtype()) {
+      if (!warned && sub == "optimizer")
+        MT_LOG_WARN("[checkpoint] {}/{}: converting optimizer state from {} to {} (round to nearest even), e.g. '{}'; "
+                    "the resumed run is not bit-identical to an uninterrupted one", step_dir, sub,
+                    dtype_name(src.dtype()), dtype_name(t.dtype()), name);
+      warned = warned || sub == "optimizer";
+      src = src.to(t.dtype());
+    }
     dst.copy_from(src);
   }
   const size_t stored = ck.names().size();
+  if (stored != into.size()) {
+    for (const auto& n : ck.names()) {
+      const bool expected = std::any_of(into.begin(), into.end(), [&](const auto& e) { return e.first == n; });
+      if (!expected && n.rfind("master.", 0) == 0)
+        MT_FAIL("[checkpoint] {}/{} holds a master copy '{}' but this run keeps none: {}", step_dir, sub, n, kMasterHint);
+    }
+  }
   MT_CHECK(stored == into.size(), "[checkpoint] {}/{} holds {} tensors, this run expects {}", step_dir, sub, stored,
            into.size());
 }

@@ -214,6 +214,11 @@ const std::vector<Field>& schema() {
       MT_KEY(optimizer, adam_eps, "AdamW epsilon"),
       MT_KEY(optimizer, clip_grad, "clip gradients to this global L2 norm (0: off)"),
       MT_KEY(optimizer, no_weight_decay, "extra parameter-name patterns excluded from weight decay"),
+      MT_KEY(optimizer, main_grads_dtype, "fp32 or bf16: gradients of matrix weights (attention, router, experts, dense MLP, untied lm_head); norms and the embedding keep fp32"),
+      MT_KEY(optimizer, main_params_dtype, "fp32 or bf16: the weights AdamW updates; bf16 with bf16 compute weights means no fp32 master copy"),
+      MT_KEY(optimizer, exp_avg_dtype, "fp32 or bf16: AdamW first moment m"),
+      MT_KEY(optimizer, exp_avg_sq_dtype, "fp32 or bf16: AdamW second moment v"),
+      MT_KEY(optimizer, stochastic_rounding, "main_params_dtype bf16: round each update stochastically (Philox, reproducible per seed and step); false: round to nearest even"),
       MT_KEY(parallel, tensor_model_parallel_size, "tensor parallelism (1: not supported beyond 1 yet)"),
       MT_KEY(parallel, pipeline_model_parallel_size, "pipeline parallelism (1: not supported beyond 1 yet)"),
       MT_KEY(parallel, expert_model_parallel_size, "experts split over this many ranks"),
@@ -409,6 +414,10 @@ void TrainConfig::validate() const {
   MT_CHECK(optimizer.adam_beta1 >= 0 && optimizer.adam_beta1 < 1 && optimizer.adam_beta2 >= 0 && optimizer.adam_beta2 < 1,
            "[config] {}: optimizer.adam_beta1/adam_beta2 must be in [0, 1)", s);
   MT_CHECK(optimizer.adam_eps > 0, "[config] {}: optimizer.adam_eps must be > 0", s);
+  check_choice(optimizer.main_grads_dtype, {"fp32", "bf16"}, "optimizer.main_grads_dtype", s);
+  check_choice(optimizer.main_params_dtype, {"fp32", "bf16"}, "optimizer.main_params_dtype", s);
+  check_choice(optimizer.exp_avg_dtype, {"fp32", "bf16"}, "optimizer.exp_avg_dtype", s);
+  check_choice(optimizer.exp_avg_sq_dtype, {"fp32", "bf16"}, "optimizer.exp_avg_sq_dtype", s);
   MT_CHECK(optimizer.weight_decay >= 0 && optimizer.clip_grad >= 0, "[config] {}: optimizer.weight_decay and clip_grad must be >= 0", s);
   LrSchedule sched;
   sched.max_lr = optimizer.lr;

@@ -61,6 +61,12 @@ struct OptimizerSection {
   double adam_eps = 1e-8;
   double clip_grad = 1.0;                 // 0: off
   std::vector<std::string> no_weight_decay;  // patterns, besides 1-D tensors
+  // Precision (Megatron's precision-aware optimizer names; docs/design/precision.md): fp32|bf16.
+  std::string main_grads_dtype = "fp32";   // gradients of matrix weights
+  std::string main_params_dtype = "fp32";  // the weights AdamW updates (bf16: no fp32 master)
+  std::string exp_avg_dtype = "fp32";
+  std::string exp_avg_sq_dtype = "fp32";
+  bool stochastic_rounding = true;         // bf16 main params: stochastic vs nearest-even rounding
 };
 
 struct ParallelSection {

@@ -16,6 +16,7 @@
 #include "core/check.h"
 #include "core/context.h"
 #include "core/log.h"
+#include "core/profiler.h"
 #include "io/atomic_dir.h"
 #include "model/hf_checkpoint.h"
 #include "model/qwen3_model.h"
@@ -108,8 +109,9 @@ struct RouterAccum {
 
 class Trainer {
  public:
-  explicit Trainer(const TrainConfig& cfg) : cfg_(cfg), run_dir_(cfg.logging.run_dir), device_(pick_device(cfg)),
-                                             ctx_(device_, static_cast<uint64_t>(cfg.training.seed)) {}
+  explicit Trainer(const TrainConfig& cfg, TrainHooks hooks = {})
+      : cfg_(cfg), run_dir_(cfg.logging.run_dir), device_(pick_device(cfg)),
+        ctx_(device_, static_cast<uint64_t>(cfg.training.seed)), hooks_(std::move(hooks)) {}
   TrainResult run();
 
  private:
@@ -148,6 +150,8 @@ class Trainer {
   double time_in_steps_ = 0;
   int64_t steps_timed_ = 0;
   TrainResult result_;
+  TrainHooks hooks_;
+  nlohmann::json last_record_;  // the last step's metrics record (for hooks_.after_step)
 };
 
 void Trainer::setup_model_() {
@@ -161,7 +165,7 @@ void Trainer::setup_model_() {
     params_ = ModelParams::allocate(mc_, dtype, device_);
     init_params_random(params_, static_cast<uint64_t>(cfg_.training.seed), static_cast<float>(cfg_.model.init_method_std));
   }
-  grads_ = allocate_gradients(mc_, device_);
+  grads_ = allocate_gradients(mc_, device_, parse_precision_dtype(cfg_.optimizer.main_grads_dtype, "optimizer.main_grads_dtype"));
   ModelOptions mo;
   mo.aux_coef = static_cast<float>(cfg_.model.moe_aux_loss_coeff / static_cast<double>(accum_));
   mo.zloss_coef = static_cast<float>(cfg_.model.moe_z_loss_coeff / static_cast<double>(accum_));
@@ -212,6 +216,10 @@ void Trainer::setup_optimizer_() {
   ac.weight_decay = cfg_.optimizer.weight_decay;
   ac.no_decay_patterns = cfg_.optimizer.no_weight_decay;
   ac.freeze_patterns = cfg_.model.freeze;
+  ac.main_params_dtype = parse_precision_dtype(cfg_.optimizer.main_params_dtype, "optimizer.main_params_dtype");
+  ac.exp_avg_dtype = parse_precision_dtype(cfg_.optimizer.exp_avg_dtype, "optimizer.exp_avg_dtype");
+  ac.exp_avg_sq_dtype = parse_precision_dtype(cfg_.optimizer.exp_avg_sq_dtype, "optimizer.exp_avg_sq_dtype");
+  ac.stochastic_rounding = cfg_.optimizer.stochastic_rounding;
   opt_ = std::make_unique<AdamW>(std::move(ps), ac);
   if (!cfg_.model.freeze.empty()) {
     MT_CHECK(opt_->num_frozen_elements() > 0, "[config] {}: model.freeze patterns match no parameter (names look like "
@@ -330,6 +338,7 @@ void Trainer::train_step_(int64_t step) {
     }
     // Every trained token of the global batch weighs 1 / N, so the accumulated CE is the global mean.
     const float scale = 1.0f / static_cast<float>(std::max<int64_t>(trained, 1));
+    const ProfileScope region(ctx_, "forward_backward", ProfileKind::kRegion);
     for (const auto& mb : mbs) {
       ForwardResult r = model_->forward_backward(ctx_, to_batch(mb, scale, device_), grads_);
       ce += r.ce, aux += r.aux, z += r.z;
@@ -341,16 +350,21 @@ void Trainer::train_step_(int64_t step) {
   const double objective = dpo_ ? dm.mean(dm.loss) : ce;
   const double loss = objective + cfg_.model.moe_aux_loss_coeff * aux + cfg_.model.moe_z_loss_coeff * z;
   const double lr = sched_.lr_at(step);
+  std::optional<ProfileScope> region(std::in_place, ctx_, "grad_norm", ProfileKind::kRegion);
   const double gnorm = opt_->grad_norm(ctx_);
+  region.reset();
   const bool finite = std::isfinite(gnorm) && std::isfinite(loss);
   const double clip = clip_coefficient(gnorm, cfg_.optimizer.clip_grad);
   if (finite) {
+    const ProfileScope opt_region(ctx_, "optimizer", ProfileKind::kRegion);
     opt_->step(ctx_, lr, clip);
   } else {
     ++skipped_steps_;
     MT_LOG_WARN("[train] step {}: non-finite loss or gradient norm ({}, {}); update skipped", step, loss, gnorm);
   }
+  region.emplace(ctx_, "zero_grad", ProfileKind::kRegion);
   zero_gradients(grads_);
+  region.reset();
   ctx_.synchronize();
   const double dt = seconds_since(t0);
   consumed_tokens_ += tokens;
@@ -398,6 +412,7 @@ void Trainer::train_step_(int64_t step) {
     rec["expert_load"] = el;
   }
   metrics_->write(rec);
+  if (hooks_.after_step) last_record_ = rec;
   if (tb_) tb_->add_scalars(step, tbv), tb_->flush();
   result_.last_loss = loss;
 
@@ -520,9 +535,14 @@ TrainResult Trainer::run() {
   int64_t last_saved = step_ > 0 ? step_ : -1, last_eval = -1;
   while (step_ < cfg_.training.train_iters) {
     const int64_t step = step_ + 1;
+    if (hooks_.before_step) hooks_.before_step(step);
     train_step_(step);
     step_ = step;
     result_.final_step = step;
+    if (hooks_.after_step && !hooks_.after_step(step, last_record_)) {
+      result_.reason = StopReason::kHook;
+      return result_;
+    }
     if (cfg_.training.eval_interval > 0 && step % cfg_.training.eval_interval == 0) evaluate_(step), last_eval = step;
     if (cfg_.checkpoint.save_interval > 0 && step % cfg_.checkpoint.save_interval == 0) save_(step), last_saved = step;
     if (stop && stop->requested()) {
@@ -560,6 +580,11 @@ TrainResult Trainer::run() {
 
 TrainResult run_training(const TrainConfig& cfg) {
   Trainer t(cfg);
+  return t.run();
+}
+
+TrainResult run_training(const TrainConfig& cfg, const TrainHooks& hooks) {
+  Trainer t(cfg, hooks);
   return t.run();
 }
 

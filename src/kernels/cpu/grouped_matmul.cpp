@@ -1,10 +1,11 @@
 // CPU grouped expert GEMM: rows [offsets[e], offsets[e+1]) of x multiply W[e]^T. One
 // cblas_sgemm per expert with rows (OpenBLAS threads inside each call, splitting M/N only, so
 // results are thread-count independent); experts with no rows are skipped. Rows past
-// offsets[E] (unused capacity) get zeros in y and dx.
+// offsets[E] (unused capacity) get zeros in y and dx. dw may be bf16: f32 sum, one rounding.
 #include <cblas.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
 
@@ -49,7 +50,8 @@ void grouped_matmul_backward(Context& ctx, const Tensor& x, const Tensor& w, con
   require_f32(x, "grouped_matmul_backward", "x");
   require_f32(w, "grouped_matmul_backward", "w");
   require_f32(dy, "grouped_matmul_backward", "dy");
-  require_f32(dw, "grouped_matmul_backward", "dw");
+  const bool dw_bf16 = dw.dtype() == DType::kBF16;
+  if (!dw_bf16) require_f32(dw, "grouped_matmul_backward", "dw");
   if (dx.defined()) require_f32(dx, "grouped_matmul_backward", "dx");
   const int64_t N = x.size(0), K = x.size(1), E = w.size(0), M = w.size(1);
   const int32_t* off = offsets.data<int32_t>();
@@ -58,7 +60,11 @@ void grouped_matmul_backward(Context& ctx, const Tensor& x, const Tensor& w, con
   const float* wp = w.data<float>();
   const float* gp = dy.data<float>();
   float* dxp = dx.defined() ? dx.data<float>() : nullptr;
-  float* dwp = dw.data<float>();
+  float* dwp = dw_bf16 ? nullptr : dw.data<float>();
+  uint16_t* dwb = dw_bf16 ? static_cast<uint16_t*>(dw.data_ptr()) : nullptr;
+  // bf16 dw: one expert at a time is widened into f32 scratch (outside the allocator: the CUDA
+  // kernels round in their epilogue), accumulated, and rounded once (RNE).
+  std::vector<float> scratch(dw_bf16 ? static_cast<size_t>(M * K) : 0);
   for (int64_t e = 0; e < E; ++e) {
     const int64_t n = off[e + 1] - off[e];
     if (n == 0 || K == 0) continue;
@@ -76,10 +82,16 @@ void grouped_matmul_backward(Context& ctx, const Tensor& x, const Tensor& w, con
       }
     }
     // dW_e [M,K] += dy_e^T [M,n] x_e [n,K]
-    if (M > 0)
+    if (M > 0) {
+      float* de = dwp ? dwp + e * M * K : scratch.data();
+      if (dwb)
+        for (int64_t i = 0; i < M * K; ++i) de[i] = bf16_to_float(dwb[e * M * K + i]);
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(M), static_cast<int>(K),
                   static_cast<int>(n), 1.0f, ge, static_cast<int>(M), xe, static_cast<int>(K), 1.0f,
-                  dwp + e * M * K, static_cast<int>(K));
+                  de, static_cast<int>(K));
+      if (dwb)
+        for (int64_t i = 0; i < M * K; ++i) dwb[e * M * K + i] = float_to_bf16(de[i]);
+    }
   }
   if (dxp) std::fill(dxp + off[E] * K, dxp + N * K, 0.0f);
 }

@@ -1,5 +1,6 @@
 // CPU utilities: dtype cast, y += alpha*x, y *= alpha, sum of squares (fp64, fixed-size blocks
-// summed in block order so the result does not depend on the thread count), and Philox normal
+// summed in block order so the result does not depend on the thread count; f32 or bf16 input
+// for the accumulating form), and Philox normal
 // fill (Box-Muller pairs addressed by element index; see cpu_ops.h).
 #include <algorithm>
 #include <cmath>
@@ -68,23 +69,46 @@ void scale_(Context& ctx, Tensor& y, float alpha) {
   });
 }
 
-double sum_squares(Context& ctx, const Tensor& x) {
-  require_f32(x, "sum_squares", "x");
-  const float* xp = x.data<float>();
-  const int64_t n = x.numel();
+namespace {
+// Sum of squares in fp64 over fixed blocks of kSumBlock elements, added in block order.
+template <typename Load>
+double blocked_sum_squares(Context& ctx, int64_t n, Load load) {
   const int64_t blocks = (n + kSumBlock - 1) / kSumBlock;
   std::vector<double> partial(static_cast<size_t>(blocks), 0.0);
   parallel_for(ctx, blocks, 4, [&](int64_t b, int64_t e) {
     for (int64_t blk = b; blk < e; ++blk) {
       double s = 0.0;
       const int64_t end = std::min(n, (blk + 1) * kSumBlock);
-      for (int64_t i = blk * kSumBlock; i < end; ++i) s += static_cast<double>(xp[i]) * xp[i];
+      for (int64_t i = blk * kSumBlock; i < end; ++i) {
+        const double v = load(i);
+        s += v * v;
+      }
       partial[blk] = s;
     }
   });
   double total = 0.0;
   for (double p : partial) total += p;
   return total;
+}
+}  // namespace
+
+double sum_squares(Context& ctx, const Tensor& x) {
+  require_f32(x, "sum_squares", "x");
+  const float* xp = x.data<float>();
+  return blocked_sum_squares(ctx, x.numel(), [xp](int64_t i) { return static_cast<double>(xp[i]); });
+}
+
+void sum_squares_accumulate(Context& ctx, const Tensor& x, Tensor& acc) {
+  double s = 0.0;
+  if (x.dtype() == DType::kBF16) {
+    const uint16_t* xp = static_cast<const uint16_t*>(x.data_ptr());
+    s = blocked_sum_squares(ctx, x.numel(), [xp](int64_t i) { return static_cast<double>(bf16_to_float(xp[i])); });
+  } else {
+    require_f32(x, "sum_squares_accumulate", "x");
+    const float* xp = x.data<float>();
+    s = blocked_sum_squares(ctx, x.numel(), [xp](int64_t i) { return static_cast<double>(xp[i]); });
+  }
+  acc.data<double>()[0] += s;
 }
 
 void fill_normal(Context& ctx, Tensor& t, float mean, float std, RngStream stream) {

@@ -1,9 +1,14 @@
 // Elementwise CUDA ops: cast, add_, scale_, sum_squares (fp64, deterministic two-pass reduction),
 // fill_normal (the CPU's Philox/Box-Muller mapping: element 2j / 2j+1 take the cosine / sine of
-// pair j), SwiGLU forward/backward and the AdamW step (fp32 master and states).
+// pair j), SwiGLU forward/backward, the device-side sum-of-squares accumulation (gradient norms
+// without a host read) and the AdamW step (weights, grads, m, v each f32 or bf16; one kernel
+// templated on the storage types, 16-byte vector loads when aligned; bit-identical to the CPU).
 #include <cmath>
+#include <cstdint>
+#include <type_traits>
 
 #include "core/philox.h"
+#include "kernels/cuda/adamw_kernel.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 
@@ -11,6 +16,7 @@ namespace moetrain::cuda {
 
 namespace {
 
+namespace am = adamw_math;
 constexpr int kThreads = 256;
 
 template <typename S, typename D>
@@ -101,22 +107,13 @@ __global__ void swiglu_bwd_kernel(const T* __restrict__ gu, const DH* __restrict
   }
 }
 
-template <typename C>
-__global__ void adamw_kernel(float* __restrict__ w, const float* __restrict__ g, float* __restrict__ m,
-                             float* __restrict__ v, C* __restrict__ compute, int64_t n, float lr, float b1,
-                             float b2, float eps, float wd, float bc1, float bc2, float gscale) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    const float gi = g[i] * gscale;
-    const float mi = b1 * m[i] + (1.0f - b1) * gi;
-    const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    const float mh = mi / bc1, vh = vi / bc2;
-    const float wi = w[i];
-    const float nw = wi - lr * (mh / (sqrtf(vh) + eps) + wd * wi);
-    w[i] = nw;
-    if (compute) compute[i] = from_f<C>(nw);
-  }
+// acc[0] += sum of the partials, in block order (one thread: a handful of values).
+__global__ void add_partials(const double* __restrict__ partial, int n, double* __restrict__ acc) {
+  __shared__ double scratch[32];
+  double s = 0.0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) s += partial[i];
+  s = block_sum(s, scratch);
+  if (threadIdx.x == 0) acc[0] += s;
 }
 
 }  // namespace
@@ -246,6 +243,19 @@ void swiglu_backward(Context& ctx, const Tensor& gu, const Tensor& dh, Tensor& d
   check_launch("swiglu_backward");
 }
 
+namespace {
+// Runtime dtype -> storage pointer (float* or uint16_t* of bf16 bits).
+template <typename Fn>
+void with_storage(const Tensor& t, const char* op, const char* name, Fn&& fn) {
+  switch (t.dtype()) {
+    case DType::kF32: fn(static_cast<float*>(t.data_ptr())); break;
+    case DType::kBF16: fn(static_cast<uint16_t*>(t.data_ptr())); break;
+    default: MT_FAIL("[{}] {} is {}, expected f32 or bf16", op, name, dtype_name(t.dtype()));
+  }
+}
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+}  // namespace
+
 void adamw_step(Context& ctx, Tensor& master, const Tensor& grad, Tensor& m, Tensor& v,
                 const AdamWParams& p, Tensor& compute) {
   const char* op = "adamw_step";
@@ -253,31 +263,60 @@ void adamw_step(Context& ctx, Tensor& master, const Tensor& grad, Tensor& m, Ten
   need_cuda(grad, op, "grad");
   need_cuda(m, op, "m");
   need_cuda(v, op, "v");
-  need_dtype(master, DType::kF32, op, "master");
-  need_dtype(grad, DType::kF32, op, "grad");
-  need_dtype(m, DType::kF32, op, "m");
-  need_dtype(v, DType::kF32, op, "v");
   const int64_t n = master.numel();
   need_numel(grad, n, op, "grad");
   need_numel(m, n, op, "m");
   need_numel(v, n, op, "v");
-  MT_CHECK(p.step >= 1, "[adamw_step] step is {}, expected >= 1 (1-based for bias correction)", p.step);
-  if (!n) return;
-  // Bias corrections in double, then rounded once (matches the CPU's fp32 update inputs).
-  const float bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta1), static_cast<double>(p.step)));
-  const float bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta2), static_cast<double>(p.step)));
-  auto launch = [&](auto* c) {
-    adamw_kernel<<<grid_for(n), kThreads, 0, stream_of(ctx)>>>(
-        master.data<float>(), grad.data<float>(), m.data<float>(), v.data<float>(), c, n, p.lr, p.beta1,
-        p.beta2, p.eps, p.weight_decay, bc1, bc2, p.grad_scale);
-  };
-  if (!compute.defined()) {
-    launch(static_cast<float*>(nullptr));
-  } else {
+  if (compute.defined()) {
     need_cuda(compute, op, "compute");
     need_numel(compute, n, op, "compute");
-    MT_CUDA_DISPATCH(compute.dtype(), C, op, launch(static_cast<C*>(compute.data_ptr())));
   }
+  MT_CHECK(p.step >= 1, "[adamw_step] step is {}, expected >= 1 (1-based for bias correction)", p.step);
+  if (!n) return;
+  // Bias corrections in double, then rounded once (the CPU twin's constants, kernels/adamw_math.h).
+  const am::Consts k = am::make_consts(p.lr, p.beta1, p.beta2, p.eps, p.weight_decay, p.step, p.grad_scale);
+  const bool vec = aligned16(master.data_ptr()) && aligned16(grad.data_ptr()) && aligned16(m.data_ptr()) &&
+                   aligned16(v.data_ptr()) && (!compute.defined() || aligned16(compute.data_ptr()));
+  auto launch = [&](auto* wp, auto* gp, auto* mp, auto* vp, auto* cp) {
+    using W = std::remove_pointer_t<decltype(wp)>;
+    using G = std::remove_pointer_t<decltype(gp)>;
+    using M = std::remove_pointer_t<decltype(mp)>;
+    using V = std::remove_pointer_t<decltype(vp)>;
+    using C = std::remove_pointer_t<decltype(cp)>;
+    if (vec)
+      adamw_detail::adamw_kernel<W, G, M, V, C, true><<<grid_for((n + 7) / 8), kThreads, 0, stream_of(ctx)>>>(
+          wp, gp, mp, vp, cp, n, k, p.stochastic_rounding, p.rng.key, p.rng.counter);
+    else
+      adamw_detail::adamw_kernel<W, G, M, V, C, false><<<grid_for(n), kThreads, 0, stream_of(ctx)>>>(
+          wp, gp, mp, vp, cp, n, k, p.stochastic_rounding, p.rng.key, p.rng.counter);
+  };
+  with_storage(master, op, "master", [&](auto* wp) {
+    with_storage(grad, op, "grad", [&](auto* gp) {
+      with_storage(m, op, "m", [&](auto* mp) {
+        with_storage(v, op, "v", [&](auto* vp) {
+          if (!compute.defined()) launch(wp, gp, mp, vp, static_cast<float*>(nullptr));
+          else with_storage(compute, op, "compute", [&](auto* cp) { launch(wp, gp, mp, vp, cp); });
+        });
+      });
+    });
+  });
+  check_launch(op);
+}
+
+void sum_squares_accumulate(Context& ctx, const Tensor& x, Tensor& acc) {
+  const char* op = "sum_squares_accumulate";
+  need_cuda(x, op, "x");
+  need_cuda(acc, op, "acc");
+  need_dtype(acc, DType::kF64, op, "acc");
+  const int64_t n = x.numel();
+  if (!n) return;
+  // The same partials as sum_squares, then one block adds them into acc: no host read.
+  const unsigned blocks = grid_for(n, kThreads, 1024);
+  Tensor tmp = device_scratch(ctx, static_cast<int64_t>(blocks) * 8);
+  double* partial = static_cast<double*>(tmp.data_ptr());
+  MT_CUDA_DISPATCH(x.dtype(), X, op,
+    sum_squares_partial<<<blocks, kThreads, 0, stream_of(ctx)>>>(static_cast<const X*>(x.data_ptr()), n, partial));
+  add_partials<<<1, 1024, 0, stream_of(ctx)>>>(partial, static_cast<int>(blocks), static_cast<double*>(acc.data_ptr()));
   check_launch(op);
 }
 

@@ -1,5 +1,5 @@
 // Fast bf16 grouped expert GEMM on tensor cores (mma.sync m16n8k16, fp32 accumulation):
-// y = x W[e]^T, dx = dy W[e] over each expert's rows, and dw[e] += dy_e^T x_e (dw f32 or bf16).
+// y = x W[e]^T, dx = dy W[e] over each expert's rows, and dw[e] (+)= dy_e^T x_e (dw f32 or bf16).
 // 128x128x64 CTA tiles, 8 warps of 64x32, a 3-stage cp.async pipeline into XOR-swizzled shared
 // memory, ldmatrix (.trans for operands whose contiguous dim is not K). Offsets stay on the
 // device: a one-block scan turns them into a tile prefix that each CTA binary-searches.
@@ -37,6 +37,7 @@ struct GemmArgs {
   int64_t kred;               // reduction length (rows mode)
   int64_t ci, cj;             // C is [ci, cj] (rows mode: ci unused, rows come from offsets)
   void* c;
+  int accumulate;             // dw mode: 1 = dw += sum, 0 = dw = sum
 };
 
 // tile_start[g] = sum over g' < g of ceil(rows(g') / kBM), g in [0, E+1]; group E holds the
@@ -215,14 +216,14 @@ __global__ void __launch_bounds__(kThreads, 2) gmm_rows_mma_kernel(GemmArgs g) {
     }
 }
 
-// dw mode: dw[e][i, j] += sum over rows r of expert e of dy[r, i] x[r, j]; grid (j tiles, i tiles, E).
+// dw mode: dw[e][i, j] (+)= sum over rows r of expert e of dy[r, i] x[r, j]; grid (j tiles, i tiles, E).
 // One CTA owns one output tile and walks the expert's rows in order: deterministic, no atomics.
 // DwT float: f32 +=; bf16: old value + fp32 sum, rounded to nearest even.
 template <typename DwT>
 __global__ void __launch_bounds__(kThreads, 2) gmm_dw_mma_kernel(GemmArgs g) {
   const int e = blockIdx.z;
   const int64_t lo = g.off[e], hi = g.off[e + 1];
-  if (hi <= lo) return;
+  if (hi <= lo && g.accumulate) return;  // overwrite mode writes zeros for an expert without rows
   const int64_t i0 = blockIdx.y * (int64_t)kBM, j0 = blockIdx.x * (int64_t)kBN;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wm = warp >> 2, wn = warp & 3;
   float acc[4][4][4];
@@ -232,9 +233,11 @@ __global__ void __launch_bounds__(kThreads, 2) gmm_dw_mma_kernel(GemmArgs g) {
     for (int ni = 0; ni < 4; ++ni)
 #pragma unroll
       for (int q = 0; q < 4; ++q) acc[mi][ni][q] = 0.0f;
-  const Operand A{g.a, g.lda, lo, hi, i0, g.ci};
-  const Operand B{g.b, g.ldb, lo, hi, j0, g.cj};
-  mainloop<false, false>(A, B, hi - lo, acc);
+  if (hi > lo) {
+    const Operand A{g.a, g.lda, lo, hi, i0, g.ci};
+    const Operand B{g.b, g.ldb, lo, hi, j0, g.cj};
+    mainloop<false, false>(A, B, hi - lo, acc);
+  }
   DwT* c = static_cast<DwT*>(g.c) + static_cast<int64_t>(e) * g.ci * g.cj;
 #pragma unroll
   for (int mi = 0; mi < 4; ++mi)
@@ -248,13 +251,14 @@ __global__ void __launch_bounds__(kThreads, 2) gmm_dw_mma_kernel(GemmArgs g) {
         if (j < g.cj) {
           if constexpr (sizeof(DwT) == 4) {
             float2* p = reinterpret_cast<float2*>(c + i * g.cj + j);
-            float2 v = *p;
+            float2 v = g.accumulate ? *p : make_float2(0.0f, 0.0f);
             v.x += acc[mi][ni][2 * h];
             v.y += acc[mi][ni][2 * h + 1];
             *p = v;
           } else {
             uint32_t* p = reinterpret_cast<uint32_t*>(c + i * g.cj + j);
-            const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+            const float2 v = g.accumulate ? __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p))
+                                          : make_float2(0.0f, 0.0f);
             *p = mma::pack_bf16(v.x + acc[mi][ni][2 * h], v.y + acc[mi][ni][2 * h + 1]);
           }
         }
@@ -326,8 +330,9 @@ void grouped_gemm_mma_dx(Context& ctx, const bf16* dy, const bf16* w, const int3
 }
 
 void grouped_gemm_mma_dw(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, int E, int64_t N,
-                         int64_t K, int64_t M, void* dw, bool dw_bf16) {
+                         int64_t K, int64_t M, void* dw, bool dw_bf16, bool accumulate) {
   GemmArgs g{};
+  g.accumulate = accumulate ? 1 : 0;
   g.a = dy;
   g.b = x;
   g.off = off;

@@ -19,9 +19,10 @@ void grouped_gemm_mma_forward(Context& ctx, const __nv_bfloat16* x, const __nv_b
 // dx[N, K] = dy[N, M] W[e][M, K]; rows past offsets[E] are zeroed.
 void grouped_gemm_mma_dx(Context& ctx, const __nv_bfloat16* dy, const __nv_bfloat16* w, const int32_t* off, int E,
                          int64_t N, int64_t K, int64_t M, __nv_bfloat16* dx);
-// dw[e][M, K] += dy_e^T x_e, dw f32 or (dw_bf16) bf16 rounded to nearest even after the fp32 add;
-// one CTA per output tile, rows summed in order (deterministic).
+// dw[e][M, K] (+)= dy_e^T x_e, dw f32 or (dw_bf16) bf16. accumulate: old value + fp32 sum, rounded
+// once (bf16, nearest even); else overwritten (experts without rows get zeros, dw is not read).
+// One CTA per output tile, rows summed in order (deterministic).
 void grouped_gemm_mma_dw(Context& ctx, const __nv_bfloat16* x, const __nv_bfloat16* dy, const int32_t* off, int E,
-                         int64_t N, int64_t K, int64_t M, void* dw, bool dw_bf16);
+                         int64_t N, int64_t K, int64_t M, void* dw, bool dw_bf16, bool accumulate = true);
 
 }  // namespace moetrain::cuda

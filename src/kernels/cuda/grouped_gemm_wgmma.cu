@@ -1,8 +1,9 @@
 // Hopper bf16 grouped expert GEMM: wgmma.mma_async (m64n256k16, fp32 accumulation) fed by a
 // 4-stage cp.async pipeline into the 128-byte swizzled canonical shared layouts (K-major or
-// MN-major per operand, so y, dx and dw share one kernel body). 256 threads = 2 warpgroups, each
-// 64 x BN of a 128 x BN output tile. The grid is persistent: each CTA walks tiles t, t + grid, ...
-// and its loads run ahead across tile boundaries, so the next tile streams in during an epilogue.
+// MN-major per operand). 256 threads = 2 warpgroups, each 64 x BN of a 128 x BN output tile. The
+// grid is persistent: each CTA walks tiles t, t + grid, ... and its loads run ahead across tile
+// boundaries, so the next tile streams in during an epilogue. y and dx share one kernel; dW has its
+// own, whose epilogue goes through shared memory with per-row bulk copies (overwrite or +=).
 #include <cub/block/block_scan.cuh>
 
 #include "kernels/cuda/common.cuh"
@@ -41,16 +42,17 @@ struct Args {
   void* c;
 };
 
-// One operand's 64-deep k slab, copied in 16-byte chunks into the 128B-swizzled layout.
-// K-major (kKMajor): R rows of 64 k, row i at i * 128 B. MN-major: 64 k rows of R elements in
-// blocks of 64 (block b at b * 8192 B, k row r at r * 128 B inside). Chunk c of a 128-byte row r
+// One operand's BK-deep k slab, copied in 16-byte chunks into the 128B-swizzled layout.
+// K-major (kKMajor, BK = 64): R rows of 64 k, row i at i * 128 B. MN-major: BK k rows of R elements
+// in blocks of 64 (block b at b * BK * 128 B, k row r at r * 128 B inside). Chunk c of a 128-byte row r
 // sits at chunk position c ^ (r & 7): the hardware's 128B swizzle on a 1024-aligned base.
 // "outer" is the strided index of global memory, "inner" the contiguous one.
-template <bool kKMajor, int R>
+template <bool kKMajor, int R, int BK = kBK>
 struct Loader {
+  static_assert(!kKMajor || BK == 64, "K-major slabs are 64 deep (one 128-byte row)");
   static constexpr int kCh = kKMajor ? 8 : R / 8;  // 16-byte chunks per global row
   static constexpr int kRowStep = kThreads / kCh;
-  static constexpr int kIters = (kKMajor ? R : kBK) / kRowStep;
+  static constexpr int kIters = (kKMajor ? R : BK) / kRowStep;
   const bf16* gp;
   int64_t ld, outer_rem, inner_rem;
   int row0, ch;
@@ -63,7 +65,7 @@ struct Loader {
     for (int it = 0; it < kIters; ++it) {
       const int r = row0 + it * kRowStep;
       soff[it] = kKMajor ? static_cast<uint32_t>(r * 128 + ((ch ^ (r & 7)) << 4))
-                         : static_cast<uint32_t>((ch >> 3) * 8192 + r * 128 + (((ch & 7) ^ (r & 7)) << 4));
+                         : static_cast<uint32_t>((ch >> 3) * (BK * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4));
     }
   }
   __device__ __forceinline__ void set(const bf16* p, int64_t ld_, int64_t outer0, int64_t outer_lim, int64_t inner0,
@@ -95,7 +97,7 @@ struct Tile {
   int64_t i0, lo, hi, j0;
 };
 
-template <int kMode>
+template <int kMode, int BK = kBK>
 __device__ __forceinline__ Tile decode(const Args& g, const int32_t* s_off, const int32_t* s_ts, int64_t t) {
   Tile x{};
   if constexpr (kMode == kDw) {
@@ -107,7 +109,7 @@ __device__ __forceinline__ Tile decode(const Args& g, const int32_t* s_off, cons
     x.j0 = rem - static_cast<int64_t>(mt) * g.ncol;  // column tile index
     x.lo = s_off[x.e];
     x.hi = s_off[x.e + 1];
-    x.ksteps = x.hi > x.lo ? static_cast<int>((x.hi - x.lo + kBK - 1) / kBK) : 0;
+    x.ksteps = x.hi > x.lo ? static_cast<int>((x.hi - x.lo + BK - 1) / BK) : 0;
   } else {
     const int32_t mt = static_cast<int32_t>(t / g.ncol);
     x.j0 = t - static_cast<int64_t>(mt) * g.ncol;  // column tile index
@@ -125,70 +127,34 @@ __device__ __forceinline__ Tile decode(const Args& g, const int32_t* s_off, cons
   return x;
 }
 
-// The 128 x BN output tile of tile x, from 2 warpgroups' fragments: thread (warp w of warpgroup
-// wg, lane l) holds rows 64 wg + 16 w + l/4 (+8) and columns 8 j + 2 (l % 4) (+1).
-template <int kMode, int BN, typename DwT>
-__device__ __forceinline__ void epilogue(const Args& g, const Tile& x, float (&acc)[BN / 2]) {
+// The 128 x BN output tile of tile x (y or dx, bf16), from 2 warpgroups' fragments: thread (warp
+// w of warpgroup wg, lane l) holds rows 64 wg + 16 w + l/4 (+8) and columns 8 j + 2 (l % 4) (+1).
+template <int BN>
+__device__ __forceinline__ void epilogue_rows(const Args& g, const Tile& x, float (&acc)[BN / 2]) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t rbase = x.i0 + (warp >> 2) * 64 + (warp & 3) * 16 + (lane >> 2);
   const int64_t cbase = x.j0 * BN + 2 * (lane & 3);
-  if constexpr (kMode != kDw) {
-    bf16* c = static_cast<bf16*>(g.c);
+  bf16* c = static_cast<bf16*>(g.c);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t r = rbase + h * 8;
-      if (r >= x.hi) continue;
+  for (int h = 0; h < 2; ++h) {
+    const int64_t r = rbase + h * 8;
+    if (r >= x.hi) continue;
 #pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
-        const int64_t col = cbase + j * 8;
-        if (col < g.cj)
-          *reinterpret_cast<uint32_t*>(c + r * g.cj + col) = mma::pack_bf16(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-      }
-    }
-  } else {
-    DwT* c = static_cast<DwT*>(g.c) + static_cast<int64_t>(x.e) * g.ci * g.cj;
-    constexpr int kBatch = 8;  // column blocks whose old values are loaded before any store
-#pragma unroll
-    for (int jb = 0; jb < BN / 8; jb += kBatch) {
-      float2 old[2][kBatch];
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int q = 0; q < kBatch; ++q) {
-          const int64_t r = rbase + h * 8, col = cbase + (jb + q) * 8;
-          old[h][q] = make_float2(0.0f, 0.0f);
-          if (r < g.ci && col < g.cj) {
-            if constexpr (sizeof(DwT) == 4) {
-              old[h][q] = *reinterpret_cast<const float2*>(c + r * g.cj + col);
-            } else {
-              old[h][q] = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(c + r * g.cj + col));
-            }
-          }
-        }
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int q = 0; q < kBatch; ++q) {
-          const int64_t r = rbase + h * 8, col = cbase + (jb + q) * 8;
-          if (r < g.ci && col < g.cj) {
-            const float v0 = old[h][q].x + acc[4 * (jb + q) + 2 * h], v1 = old[h][q].y + acc[4 * (jb + q) + 2 * h + 1];
-            if constexpr (sizeof(DwT) == 4) {
-              *reinterpret_cast<float2*>(c + r * g.cj + col) = make_float2(v0, v1);
-            } else {
-              *reinterpret_cast<uint32_t*>(c + r * g.cj + col) = mma::pack_bf16(v0, v1);
-            }
-          }
-        }
+    for (int j = 0; j < BN / 8; ++j) {
+      const int64_t col = cbase + j * 8;
+      if (col < g.cj)
+        *reinterpret_cast<uint32_t*>(c + r * g.cj + col) = mma::pack_bf16(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
     }
   }
 }
 
-template <int kMode, int BN, typename DwT>
+// y (kFwd) or dx (kDx): persistent CTAs over (m tile, column tile) work items.
+template <int kMode, int BN>
 __global__ void __launch_bounds__(kThreads, 1) gmm_wgmma_kernel(const Args g) {
 #if MT_WGMMA_ENABLED
   using C = Cfg<BN>;
   constexpr int kS = C::kStages;
-  constexpr bool kAK = kMode != kDw, kBKm = kMode == kFwd;  // K-major operands
+  constexpr bool kAK = true, kBKm = kMode == kFwd;  // K-major operands
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = mma::smem_addr(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -198,7 +164,7 @@ __global__ void __launch_bounds__(kThreads, 1) gmm_wgmma_kernel(const Args g) {
   for (int i = tid; i <= g.E; i += kThreads) s_off[i] = g.off[i];
   __syncthreads();
   int64_t total;
-  if constexpr (kMode != kDw) {
+  {
     // s_ts[e] = m tiles of experts before e (4 experts per thread, E <= 1024).
     using Scan = cub::BlockScan<int32_t, kThreads>;
     __shared__ typename Scan::TempStorage scan_tmp;
@@ -224,29 +190,17 @@ __global__ void __launch_bounds__(kThreads, 1) gmm_wgmma_kernel(const Args g) {
     if (tid == 0) s_ts[g.E] = agg;
     __syncthreads();
     total = static_cast<int64_t>(s_ts[g.E]) * g.ncol;
-  } else {
-    total = static_cast<int64_t>(g.E) * g.nmt * g.ncol;
   }
   const int64_t stride = gridDim.x;
-  auto seek = [&](int64_t t) {  // first tile at or after t (step = grid) with work
-    if constexpr (kMode == kDw) {
-      while (t < total && decode<kMode>(g, s_off, s_ts, t).ksteps == 0) t += stride;
-    }
-    return t;
-  };
+  auto seek = [&](int64_t t) { return t; };  // every rows-mode tile has work
   Loader<kAK, kBM> la;
   Loader<kBKm, BN> lb;
   auto set_loaders = [&](const Tile& x) {
     const int64_t j0 = x.j0 * BN;
-    if constexpr (kMode == kDw) {
-      la.set(g.a, g.lda, x.lo, x.hi, x.i0, g.ci);
-      lb.set(g.b, g.ldb, x.lo, x.hi, j0, g.cj);
-    } else {
-      la.set(g.a, g.lda, x.i0, x.hi, 0, g.kred);
-      const bf16* be = g.b + x.e * g.b_stride;
-      if constexpr (kMode == kFwd) lb.set(be, g.ldb, j0, g.cj, 0, g.kred);
-      else lb.set(be, g.ldb, 0, g.kred, j0, g.cj);
-    }
+    la.set(g.a, g.lda, x.i0, x.hi, 0, g.kred);
+    const bf16* be = g.b + x.e * g.b_stride;
+    if constexpr (kMode == kFwd) lb.set(be, g.ldb, j0, g.cj, 0, g.kred);
+    else lb.set(be, g.ldb, 0, g.kred, j0, g.cj);
   };
 
   int64_t pt = seek(blockIdx.x);
@@ -287,7 +241,9 @@ __global__ void __launch_bounds__(kThreads, 1) gmm_wgmma_kernel(const Args g) {
     mma::cp_async_wait<kS - 3>();
     wg::fence_proxy_async();
     __syncthreads();
-    produce();  // into the stage read two steps ago (finished: every warpgroup waited for it)
+    // Fills the stage read two steps ago (finished: every warpgroup waited for it). Issuing the
+    // step's wgmma before these loads measured 5-15% slower (docs/design/kernels.md).
+    produce();
     const uint32_t sa = base + cstage * C::kStageBytes, sb = sa + C::kABytes;
     wg::fence_regs(acc);
     wg::wgmma_fence();
@@ -302,7 +258,7 @@ __global__ void __launch_bounds__(kThreads, 1) gmm_wgmma_kernel(const Args g) {
     if (++ck == ctile.ksteps) {
       wg::wgmma_wait<0>();
       wg::fence_regs(acc);
-      epilogue<kMode, BN, DwT>(g, ctile, acc);
+      epilogue_rows<BN>(g, ctile, acc);
       ck = 0;
       ct = seek(ct + stride);
       if (ct >= total) break;
@@ -314,7 +270,7 @@ __global__ void __launch_bounds__(kThreads, 1) gmm_wgmma_kernel(const Args g) {
   }
   mma::cp_async_wait<0>();
 
-  if constexpr (kMode != kDw) {  // rows past offsets[E] are unused capacity: zeros
+  {  // rows past offsets[E] are unused capacity: zeros
     const int64_t r0 = s_off[g.E];
     const int64_t vecs = (g.N - r0) * g.cj / 8;
     uint4* c = reinterpret_cast<uint4*>(static_cast<bf16*>(g.c) + r0 * g.cj);
@@ -324,20 +280,229 @@ __global__ void __launch_bounds__(kThreads, 1) gmm_wgmma_kernel(const Args g) {
 #endif
 }
 
+// ---- dW: dw[e] (= or +=) dy_e^T x_e ------------------------------------------------------------
+// Shared memory: the k-slab stages, then an output staging tile of 128 rows at kPitch bytes, an
+// mbarrier and the offsets. The staging tile is filled (+=: by per-row bulk loads of the old dw,
+// issued when the tile's first k step starts, so they overlap the mainloop), updated in place from
+// the accumulator fragments, and written back by per-row bulk stores that run on while the next
+// tile computes. Thread r < 128 owns row r of the staging tile for every bulk copy.
+template <int BN, typename DwT, int BK>
+struct DwCfg {
+  static constexpr int kABytes = kBM * BK * 2;
+  static constexpr int kStageBytes = kABytes + BN * BK * 2;
+  static constexpr int kRowBytes = BN * static_cast<int>(sizeof(DwT));
+  // Fragment accesses (8 rows x 4 threads) hit distinct banks: f32 float2 (half-warp phases of 4
+  // rows) needs a 32-byte row skew, bf16 pairs a 16-byte one.
+  static constexpr int kPitch = kRowBytes + (sizeof(DwT) == 4 ? 32 : 16);
+  static constexpr int kOutBytes = kBM * kPitch;
+  static constexpr int kFixed = 1024 + kOutBytes + 16 + (kMaxE + 1) * 4;
+  // As many stages as fit (at most 8): the loads run kStages - 2 slabs ahead.
+  static constexpr int kFit = (227 * 1024 - kFixed) / kStageBytes;
+  static constexpr int kStages = kFit < 8 ? kFit : 8;
+  static_assert(kStages >= 3, "dW tile does not fit in shared memory");
+  static constexpr int kSmem = kFixed + kStages * kStageBytes;
+  static_assert(kSmem <= 227 * 1024, "dW tile does not fit in shared memory");
+};
+
+template <int BN, typename DwT, int BK>
+__global__ void __launch_bounds__(kThreads, 1) gmm_wgmma_dw_kernel(const Args g, int accumulate) {
+#if MT_WGMMA_ENABLED
+  using C = DwCfg<BN, DwT, BK>;
+  constexpr int kS = C::kStages;
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw = mma::smem_addr(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  unsigned char* out_p = smem_raw + (base - raw) + kS * C::kStageBytes;
+  const uint32_t sout = base + kS * C::kStageBytes, bar = sout + C::kOutBytes;
+  int32_t* s_off = reinterpret_cast<int32_t*>(out_p + C::kOutBytes + 16);
+  const int tid = threadIdx.x;
+  for (int i = tid; i <= g.E; i += kThreads) s_off[i] = g.off[i];
+  if (tid == 0) {
+    wg::mbar_init(bar, kBM);
+    wg::fence_mbar_init();
+  }
+  __syncthreads();
+  const int64_t total = static_cast<int64_t>(g.E) * g.nmt * g.ncol;
+  const int64_t stride = gridDim.x;
+  auto seek = [&](int64_t t) {  // first tile at or after t (step = grid) whose expert has rows
+    while (t < total && decode<kDw, BK>(g, s_off, nullptr, t).ksteps == 0) t += stride;
+    return t;
+  };
+  Loader<false, kBM, BK> la;
+  Loader<false, BN, BK> lb;
+  auto set_loaders = [&](const Tile& x) {
+    la.set(g.a, g.lda, x.lo, x.hi, x.i0, g.ci);
+    lb.set(g.b, g.ldb, x.lo, x.hi, x.j0 * BN, g.cj);
+  };
+  // Row `tid` of tile x in global memory, and its length in bytes (0 past the last row).
+  DwT* const dw = static_cast<DwT*>(g.c);
+  auto row_ptr = [&](const Tile& x) { return dw + (x.e * g.ci + x.i0 + tid) * g.cj + x.j0 * BN; };
+  auto row_bytes = [&](const Tile& x) -> uint32_t {
+    if (x.i0 + tid >= g.ci) return 0;
+    const int64_t cols = g.cj - x.j0 * BN < BN ? g.cj - x.j0 * BN : BN;
+    return static_cast<uint32_t>(cols * static_cast<int64_t>(sizeof(DwT)));
+  };
+
+  int64_t pt = seek(blockIdx.x);
+  Tile ptile{};
+  if (pt < total) {
+    ptile = decode<kDw, BK>(g, s_off, nullptr, pt);
+    set_loaders(ptile);
+  }
+  int64_t ct = pt;
+  Tile ctile = ptile;
+  int pk = 0, ck = 0, pstage = 0, cstage = 0;
+  uint32_t phase = 0;
+  auto produce = [&]() {
+    if (pt < total) {
+      const uint32_t s = base + pstage * C::kStageBytes;
+      la.load(s, static_cast<int64_t>(pk) * BK);
+      lb.load(s + C::kABytes, static_cast<int64_t>(pk) * BK);
+      if (++pk == ptile.ksteps) {
+        pk = 0;
+        pt = seek(pt + stride);
+        if (pt < total) {
+          ptile = decode<kDw, BK>(g, s_off, nullptr, pt);
+          set_loaders(ptile);
+        }
+      }
+    }
+    mma::cp_async_commit();
+    pstage = pstage + 1 == kS ? 0 : pstage + 1;
+  };
+#pragma unroll
+  for (int i = 0; i < kS - 2; ++i) produce();
+
+  const int wgi = tid >> 7, lane = tid & 31, warp = tid >> 5;
+  const int frow = (warp >> 2) * 64 + (warp & 3) * 16 + (lane >> 2), fcol = 2 * (lane & 3);
+  float acc[BN / 2];
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
+  if (ct < total) for (;;) {
+    mma::cp_async_wait<kS - 3>();
+    wg::fence_proxy_async();
+    __syncthreads();
+    produce();
+    const uint32_t sa = base + cstage * C::kStageBytes, sb = sa + C::kABytes;
+    wg::fence_regs(acc);
+    wg::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) {  // MN-major: 64-element blocks BK * 128 B apart
+      const uint64_t da = wg::smem_desc(sa + wgi * (BK * 128) + kk * 2048, BK * 128, 1024);
+      const uint64_t db = wg::smem_desc(sb + kk * 2048, BK * 128, 1024);
+      wg::wgmma_bf16<BN, 1, 1>(acc, da, db, (ck > 0 || kk > 0) ? 1 : 0);
+    }
+    wg::wgmma_commit();
+    if (accumulate && ck == 0 && tid < kBM) {  // old dw rows of this tile -> staging tile
+      wg::bulk_wait_read();                    // the previous tile's store has left the staging rows
+      const uint32_t nb = row_bytes(ctile);
+      if (nb) {
+        wg::mbar_arrive_tx(bar, nb);
+        wg::bulk_load(sout + tid * C::kPitch, row_ptr(ctile), nb, bar);
+      } else {
+        wg::mbar_arrive(bar);
+      }
+    }
+    if (++ck == ctile.ksteps) {
+      wg::wgmma_wait<0>();
+      wg::fence_regs(acc);
+      if (accumulate) {
+        wg::mbar_wait(bar, phase);
+        phase ^= 1u;
+      } else {
+        if (tid < kBM) wg::bulk_wait_read();
+        __syncthreads();
+      }
+      if constexpr (sizeof(DwT) == 4) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          unsigned char* rp = out_p + (frow + 8 * h) * C::kPitch;
+#pragma unroll
+          for (int j = 0; j < BN / 8; ++j) {
+            float2* p = reinterpret_cast<float2*>(rp + (fcol + 8 * j) * 4);
+            float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
+            if (accumulate) {
+              const float2 o = *p;
+              v0 = o.x + v0;
+              v1 = o.y + v1;
+            }
+            *p = make_float2(v0, v1);
+          }
+        }
+      } else {
+        // ldmatrix / stmatrix x4 move 8x8 blocks in the accumulator's own fragment layout: block
+        // q (lanes 8q..8q+7 give its row addresses) = rows +8 (q & 1), column block j + (q >> 1).
+        const int q = lane >> 3;
+        const uint32_t rowaddr =
+            sout + ((warp >> 2) * 64 + (warp & 3) * 16 + ((q & 1) << 3) + (lane & 7)) * C::kPitch + (q >> 1) * 16;
+#pragma unroll
+        for (int j = 0; j < BN / 8; j += 2) {
+          float v[8];
+#pragma unroll
+          for (int i = 0; i < 8; ++i) v[i] = acc[4 * j + i];
+          if (accumulate) {
+            uint32_t o[4];
+            mma::ldmatrix_x4(o, rowaddr + j * 16);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&o[i]));
+              v[2 * i] = f.x + v[2 * i];
+              v[2 * i + 1] = f.y + v[2 * i + 1];
+            }
+          }
+          wg::stmatrix_x4(rowaddr + j * 16, mma::pack_bf16(v[0], v[1]), mma::pack_bf16(v[2], v[3]),
+                          mma::pack_bf16(v[4], v[5]), mma::pack_bf16(v[6], v[7]));
+        }
+      }
+      wg::fence_proxy_async();
+      __syncthreads();
+      if (tid < kBM) {
+        const uint32_t nb = row_bytes(ctile);
+        if (nb) wg::bulk_store(row_ptr(ctile), sout + tid * C::kPitch, nb);
+        wg::bulk_commit();
+      }
+      ck = 0;
+      ct = seek(ct + stride);
+      if (ct >= total) break;
+      ctile = decode<kDw, BK>(g, s_off, nullptr, ct);
+    } else {
+      wg::wgmma_wait<1>();
+    }
+    cstage = cstage + 1 == kS ? 0 : cstage + 1;
+  }
+  mma::cp_async_wait<0>();
+  if (!accumulate) {  // experts with no rows: dw[e] = 0
+    const int64_t vecs = g.ci * g.cj * static_cast<int64_t>(sizeof(DwT)) / 16;
+    for (int e = 0; e < g.E; ++e) {
+      if (s_off[e + 1] > s_off[e]) continue;
+      uint4* c = reinterpret_cast<uint4*>(dw + static_cast<int64_t>(e) * g.ci * g.cj);
+      for (int64_t v = static_cast<int64_t>(blockIdx.x) * kThreads + tid; v < vecs; v += stride * kThreads)
+        c[v] = make_uint4(0, 0, 0, 0);
+    }
+  }
+  if (tid < kBM) wg::bulk_wait_all();
+#endif
+}
+
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
-template <int kMode, int BN, typename DwT>
-void launch(Context& ctx, const Args& g, int64_t tile_bound, const char* op) {
-  auto kernel = gmm_wgmma_kernel<kMode, BN, DwT>;
-  MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg<BN>::kSmem));
+int sm_count(const Context& ctx) {
   int sms = ctx.facts().sm_count;
   if (sms <= 0) {
     int dev = 0;
     MT_CUDA_CHECK(cudaGetDevice(&dev));
     MT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   }
+  return sms;
+}
+
+// Persistent launch: one CTA per SM, or one per tile when there are fewer tiles.
+template <typename K, typename... P>
+void launch_persistent(Context& ctx, K kernel, int smem, int64_t tile_bound, const char* op, P... params) {
+  MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const int sms = sm_count(ctx);
   const int64_t grid = tile_bound < sms ? (tile_bound > 0 ? tile_bound : 1) : sms;
-  kernel<<<static_cast<unsigned>(grid), kThreads, Cfg<BN>::kSmem, stream_of(ctx)>>>(g);
+  kernel<<<static_cast<unsigned>(grid), kThreads, smem, stream_of(ctx)>>>(params...);
   check_launch(op);
 }
 
@@ -346,8 +511,17 @@ void launch_rows(Context& ctx, Args g, int tile_n, const char* op) {
   const int bn = tile_n == 128 ? 128 : 256;
   g.ncol = static_cast<int>((g.cj + bn - 1) / bn);
   const int64_t bound = (g.N / kBM + g.E) * g.ncol;
-  if (bn == 128) launch<kMode, 128, float>(ctx, g, bound, op);
-  else launch<kMode, 256, float>(ctx, g, bound, op);
+  if (bn == 128) launch_persistent(ctx, gmm_wgmma_kernel<kMode, 128>, Cfg<128>::kSmem, bound, op, g);
+  else launch_persistent(ctx, gmm_wgmma_kernel<kMode, 256>, Cfg<256>::kSmem, bound, op, g);
+}
+
+template <int BN, typename DwT, int BK>
+void launch_dw(Context& ctx, Args g, bool accumulate) {
+  g.ncol = static_cast<int>((g.cj + BN - 1) / BN);
+  g.nmt = static_cast<int>((g.ci + kBM - 1) / kBM);
+  const int64_t bound = static_cast<int64_t>(g.E) * g.nmt * g.ncol;
+  launch_persistent(ctx, gmm_wgmma_dw_kernel<BN, DwT, BK>, DwCfg<BN, DwT, BK>::kSmem, bound, "grouped_matmul_backward", g,
+                    accumulate ? 1 : 0);
 }
 
 }  // namespace gwg
@@ -394,7 +568,8 @@ void grouped_gemm_wgmma_dx(Context& ctx, const __nv_bfloat16* dy, const __nv_bfl
 }
 
 void grouped_gemm_wgmma_dw(Context& ctx, const __nv_bfloat16* x, const __nv_bfloat16* dy, const int32_t* off, int E,
-                           int64_t N, int64_t K, int64_t M, void* dw, bool dw_bf16, int tile_n) {
+                           int64_t N, int64_t K, int64_t M, void* dw, bool dw_bf16, bool accumulate, int tile_n,
+                           int tile_k) {
   gwg::Args g{};
   g.a = dy;
   g.b = x;
@@ -406,17 +581,17 @@ void grouped_gemm_wgmma_dw(Context& ctx, const __nv_bfloat16* x, const __nv_bflo
   g.ci = M;
   g.cj = K;
   g.c = dw;
-  const int bn = tile_n == 128 ? 128 : 256;
-  g.ncol = static_cast<int>((K + bn - 1) / bn);
-  g.nmt = static_cast<int>((M + gwg::kBM - 1) / gwg::kBM);
-  const int64_t bound = static_cast<int64_t>(E) * g.nmt * g.ncol;
-  const char* op = "grouped_matmul_backward";
-  if (bn == 128) {
-    if (dw_bf16) gwg::launch<gwg::kDw, 128, __nv_bfloat16>(ctx, g, bound, op);
-    else gwg::launch<gwg::kDw, 128, float>(ctx, g, bound, op);
+  // Defaults (measured, docs/design/kernels.md): 256-wide tiles take 32-row stages (6 fit beside
+  // the staging tile), 128-wide ones 64-row stages.
+  if (!dw_bf16) {  // a 128 x 256 f32 staging tile does not fit
+    if (tile_k == 32) gwg::launch_dw<128, float, 32>(ctx, g, accumulate);
+    else gwg::launch_dw<128, float, 64>(ctx, g, accumulate);
+  } else if (tile_n == 128) {
+    if (tile_k == 32) gwg::launch_dw<128, __nv_bfloat16, 32>(ctx, g, accumulate);
+    else gwg::launch_dw<128, __nv_bfloat16, 64>(ctx, g, accumulate);
   } else {
-    if (dw_bf16) gwg::launch<gwg::kDw, 256, __nv_bfloat16>(ctx, g, bound, op);
-    else gwg::launch<gwg::kDw, 256, float>(ctx, g, bound, op);
+    if (tile_k == 64) gwg::launch_dw<256, __nv_bfloat16, 64>(ctx, g, accumulate);
+    else gwg::launch_dw<256, __nv_bfloat16, 32>(ctx, g, accumulate);
   }
 }
 

@@ -1,10 +1,11 @@
 // CUDA grouped expert GEMM with offsets read on the device (no host synchronization):
-// y[r] = x[r] W[e]^T for rows r in [offsets[e], offsets[e+1]); dx = dy W[e]; dw[e] += dy_e^T x_e.
+// y[r] = x[r] W[e]^T for rows r in [offsets[e], offsets[e+1]); dx = dy W[e]; dw[e] += dy_e^T x_e
+// (grouped_matmul_backward_ex: or dw[e] = dy_e^T x_e).
 // A simple shared-memory tiled kernel (64x64 tiles, 4x4 outputs per thread, fp32 accumulation);
 // x, w, y, dy, dx share one dtype (bf16 or f32); dw is f32 or bf16 (fp32 sum, then old + sum rounded
 // once to nearest even). bf16 with K, M multiples of 8 goes to the tensor-core kernels: wgmma
 // (grouped_gemm_wgmma.cu) on compute capability 9.0, mma.sync (grouped_gemm_mma.cu) elsewhere;
-// these simple kernels are the fallback.
+// these simple kernels are the fallback. dW uses the wgmma kernel on 9.0, else mma.sync.
 // A row tile that straddles experts is computed once per expert, each pass writing only its
 // rows. Rows at or past offsets[E] get zeros in y and dx, like the CPU twin. dw blocks own one
 // (expert, tile) each and sum that expert's rows in order: deterministic, no atomics.
@@ -105,14 +106,15 @@ __global__ void gmm_rows_kernel(const A* __restrict__ a, const W* __restrict__ w
   }
 }
 
-// dw[e][m, kk] += sum over rows r of expert e of dy[r, m] * x[r, kk]; grid (K tiles, M tiles, E).
+// dw[e][m, kk] (+)= sum over rows r of expert e of dy[r, m] * x[r, kk]; grid (K tiles, M tiles, E).
 // D = float or bf16 (old value + fp32 sum, rounded once).
+// accumulate 0: dw = sum (an expert without rows gets zeros; dw is not read).
 template <typename X, typename G, typename D>
 __global__ void gmm_dw_kernel(const X* __restrict__ x, const G* __restrict__ dy, const int32_t* __restrict__ off,
-                              int64_t M, int64_t K, D* __restrict__ dw) {
+                              int64_t M, int64_t K, D* __restrict__ dw, int accumulate) {
   const int e = blockIdx.z;
   const int64_t lo = off[e], hi = off[e + 1];
-  if (lo >= hi) return;  // uniform over the block: no thread reaches tile_mma's barriers
+  if (lo >= hi && accumulate) return;  // uniform over the block: no thread reaches tile_mma's barriers
   const int64_t m0 = blockIdx.y * (int64_t)kBM, c0 = blockIdx.x * (int64_t)kBN;
   const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
   float acc[4][4] = {};
@@ -124,7 +126,7 @@ __global__ void gmm_dw_kernel(const X* __restrict__ x, const G* __restrict__ dy,
     if (m >= M) continue;
     for (int v = 0; v < 4; ++v) {
       const int64_t c = c0 + tx * 4 + v;
-      if (c < K) de[m * K + c] = from_f<D>(to_f(de[m * K + c]) + acc[u][v]);
+      if (c < K) de[m * K + c] = from_f<D>((accumulate ? to_f(de[m * K + c]) : 0.0f) + acc[u][v]);
     }
   }
 }
@@ -180,8 +182,18 @@ void grouped_matmul(Context& ctx, const Tensor& x, const Tensor& w, const Tensor
   check_launch(op);
 }
 
+void grouped_matmul_backward_ex(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& offsets,
+                                const Tensor& dy, Tensor& dx, Tensor& dw, bool dw_accumulate);
+
 void grouped_matmul_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& offsets,
                              const Tensor& dy, Tensor& dx, Tensor& dw) {
+  grouped_matmul_backward_ex(ctx, x, w, offsets, dy, dx, dw, true);
+}
+
+// grouped_matmul_backward with the dW mode explicit: dw_accumulate false writes dw = dy_e^T x_e
+// (dw is not read; experts without rows get zeros). Not in cuda_ops.h yet: the lead wires it.
+void grouped_matmul_backward_ex(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& offsets,
+                                const Tensor& dy, Tensor& dx, Tensor& dw, bool dw_accumulate) {
   const char* op = "grouped_matmul_backward";
   const GmmDims d = check_gmm(x, w, offsets, op);
   need_cuda(dy, op, "dy");
@@ -217,14 +229,24 @@ void grouped_matmul_backward(Context& ctx, const Tensor& x, const Tensor& w, con
       check_launch(op);
     }
   }
-  if (!d.M || !d.K || !d.N) return;
-  // dW stays on the mma.sync kernel on every GPU: grouped_gemm_wgmma_dw is correct but its
-  // register-fragment read-modify-write epilogue measured 3x slower (docs/design/kernels.md).
+  if (!d.M || !d.K) return;
+  if (!d.N) {  // no rows: dw += 0, or dw = 0
+    if (!dw_accumulate) MT_CUDA_CHECK(cudaMemsetAsync(dw.data_ptr(), 0, dw.nbytes(), s));
+    return;
+  }
+  // dW: the wgmma kernel on cc 9.0 (smem-staged bulk-copy epilogue), mma.sync elsewhere.
+  if (x.dtype() == DType::kBF16 &&
+      grouped_gemm_wgmma_supported(ctx, d.N, d.K, d.M, d.E, x.data_ptr(), dy.data_ptr(), dw.data_ptr())) {
+    grouped_gemm_wgmma_dw(ctx, static_cast<const __nv_bfloat16*>(x.data_ptr()),
+                          static_cast<const __nv_bfloat16*>(dy.data_ptr()), offsets.data<int32_t>(),
+                          static_cast<int>(d.E), d.N, d.K, d.M, dw.data_ptr(), dw_bf16, dw_accumulate);
+    return;
+  }
   if (x.dtype() == DType::kBF16 && grouped_gemm_mma_supported(d.N, d.K, d.M, d.E, x.data_ptr(), dy.data_ptr(),
                                                                dw.data_ptr())) {
     grouped_gemm_mma_dw(ctx, static_cast<const __nv_bfloat16*>(x.data_ptr()),
                         static_cast<const __nv_bfloat16*>(dy.data_ptr()), offsets.data<int32_t>(),
-                        static_cast<int>(d.E), d.N, d.K, d.M, dw.data_ptr(), dw_bf16);
+                        static_cast<int>(d.E), d.N, d.K, d.M, dw.data_ptr(), dw_bf16, dw_accumulate);
     return;
   }
   const dim3 grid(static_cast<unsigned>((d.K + kBN - 1) / kBN), static_cast<unsigned>((d.M + kBM - 1) / kBM),
@@ -233,12 +255,12 @@ void grouped_matmul_backward(Context& ctx, const Tensor& x, const Tensor& w, con
     MT_CUDA_DISPATCH(x.dtype(), T, op,
       gmm_dw_kernel<T, T, __nv_bfloat16><<<grid, kThreads, 0, s>>>(
           static_cast<const T*>(x.data_ptr()), static_cast<const T*>(dy.data_ptr()), offsets.data<int32_t>(), d.M,
-          d.K, static_cast<__nv_bfloat16*>(dw.data_ptr())));
+          d.K, static_cast<__nv_bfloat16*>(dw.data_ptr()), dw_accumulate ? 1 : 0));
   } else {
     MT_CUDA_DISPATCH(x.dtype(), T, op,
       gmm_dw_kernel<T, T, float><<<grid, kThreads, 0, s>>>(
           static_cast<const T*>(x.data_ptr()), static_cast<const T*>(dy.data_ptr()), offsets.data<int32_t>(), d.M,
-          d.K, dw.data<float>()));
+          d.K, dw.data<float>(), dw_accumulate ? 1 : 0));
   }
   check_launch(op);
 }

@@ -1,6 +1,7 @@
 // Hopper (sm_90a) warpgroup MMA building blocks for the grouped GEMM: shared-memory matrix
 // descriptors for the 128-byte swizzled canonical layouts, wgmma fences / commit / wait, the async
-// proxy fence, and wgmma.mma_async m64n256k16 / m64n128k16 bf16 -> fp32 (A and B from shared).
+// proxy fence, wgmma.mma_async m64n256k16 / m64n128k16 bf16 -> fp32 (A and B from shared), and
+// the mbarrier / non-tensor bulk-copy (cp.async.bulk) primitives of the dW epilogue.
 // Only usable in device code compiled for sm_90a (guard with MT_WGMMA_ENABLED).
 #pragma once
 #include <cstdint>
@@ -30,6 +31,54 @@ template <int N>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
+// ---- mbarrier (shared::cta, 64-bit) ----
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Makes mbarrier.init visible to the async proxy (bulk copies complete on it).
+__device__ __forceinline__ void fence_mbar_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Arrives and adds `bytes` to the transaction count the current phase waits for.
+__device__ __forceinline__ void mbar_arrive_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// Spins until the phase with the given parity (0 or 1) has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred p;\nMT_MBAR_WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@p bra MT_MBAR_DONE;\nbra MT_MBAR_WAIT;\nMT_MBAR_DONE:\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
+// ---- non-tensor bulk copies (16-byte aligned addresses, size a multiple of 16) ----
+// global -> shared, completing `bytes` of transaction count on mbarrier `bar`.
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+// shared -> global in the thread's current bulk group (needs fence_proxy_async after generic writes).
+__device__ __forceinline__ void bulk_store(void* dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Waits until the thread's bulk stores have finished reading shared memory (the source may be reused).
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// Waits until the thread's bulk stores are complete (written to global memory).
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
+// Stores four 8x8 b16 matrices from mma-fragment registers; lanes 8i..8i+7 give matrix i's rows.
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
+
 // Keeps the compiler from moving accumulator accesses across wgmma issue / wait points.
 template <int N>
 __device__ __forceinline__ void fence_regs(float (&d)[N]) {

@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <random>
 
+#include <fmt/format.h>
+
 #include "core/allocator.h"
 #include "core/context.h"
 #include "model/batch.h"
@@ -279,6 +281,56 @@ TEST(PlanMemory, PersistentBytesEqualARealAdamW) {
       EXPECT_EQ(m.at_peak[static_cast<size_t>(c)], used(c)) << mem_category_name(c) << " " << dtype_name(dt);
     EXPECT_EQ(used(MemCategory::kOptimizer), 8 * n);
   }
+}
+
+// Every precision setting: the planned gradient, master and optimizer bytes equal what
+// allocate_gradients + AdamW allocate (f32 weights = the CPU path, bf16 weights = a GPU's).
+TEST(PlanMemory, PersistentBytesFollowThePrecisionDtypes) {
+  for (const char* preset : {"tiny-moe", "tiny-dense"}) {
+    const ModelConfig cfg = ModelConfig::preset(preset);
+    for (DType wt : {DType::kF32, DType::kBF16})
+      for (DType gd : {DType::kF32, DType::kBF16})
+        for (DType main : {DType::kF32, DType::kBF16})
+          for (auto [md, vd] : {std::pair{DType::kF32, DType::kF32}, std::pair{DType::kBF16, DType::kBF16},
+                                std::pair{DType::kBF16, DType::kF32}}) {
+            Allocator& a = allocator_for(Device::cpu());
+            const MemStats before = a.stats();
+            MemStats after;
+            {
+              ModelParams p = ModelParams::allocate(cfg, wt, Device::cpu());
+              ModelParams g = allocate_gradients(cfg, Device::cpu(), gd);
+              std::vector<OptimParam> ps;
+              std::map<std::string, Tensor> gm;
+              g.for_each([&](const std::string& name, Tensor& t) { gm[name] = t; });
+              p.for_each([&](const std::string& name, Tensor& t) { ps.push_back({name, t, gm[name]}); });
+              AdamWConfig ac;
+              ac.main_params_dtype = main, ac.exp_avg_dtype = md, ac.exp_avg_sq_dtype = vd;
+              AdamW opt(ps, ac);
+              after = a.stats();
+            }
+            auto used = [&](MemCategory c) {
+              return static_cast<double>(after.current[static_cast<size_t>(c)] - before.current[static_cast<size_t>(c)]);
+            };
+            PlanInput in;
+            in.model = cfg;
+            in.main_grads_dtype = gd, in.main_params_dtype = main, in.exp_avg_dtype = md, in.exp_avg_sq_dtype = vd;
+            const Hardware hw = wt == DType::kF32 ? Hardware::preset("cpu") : Hardware::preset("h100");
+            const MemoryPlan m = plan_memory(in, hw);
+            const std::string what = fmt::format("{} weights {} grads {} main {} m {} v {}", preset, dtype_name(wt),
+                                                 dtype_name(gd), dtype_name(main), dtype_name(md), dtype_name(vd));
+            for (MemCategory c : {MemCategory::kWeights, MemCategory::kGradients, MemCategory::kMaster, MemCategory::kOptimizer})
+              EXPECT_EQ(m.at_peak[static_cast<size_t>(c)], used(c)) << mem_category_name(c) << " " << what;
+            // bf16 main params on bf16 weights: no master at all.
+            if (wt == DType::kBF16 && main == DType::kBF16) EXPECT_EQ(used(MemCategory::kMaster), 0) << what;
+          }
+  }
+  // Checkpoint size: bf16 main params drop the master, bf16 moments halve the state.
+  PlanInput in;
+  in.model = ModelConfig::preset("qwen3-30b-a3b");
+  const double n = static_cast<double>(count_parameters(in.model).total);
+  EXPECT_DOUBLE_EQ(plan_checkpoint(in).resume_bytes, n * (2 + 4 + 8));
+  in.main_params_dtype = in.exp_avg_dtype = in.exp_avg_sq_dtype = DType::kBF16;
+  EXPECT_DOUBLE_EQ(plan_checkpoint(in).resume_bytes, n * (2 + 0 + 4));
 }
 
 TEST(PlanMemory, HandComputedQwen3On8GpusExpertParallel) {

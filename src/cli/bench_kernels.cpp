@@ -1,0 +1,224 @@
+// Kernel microbenchmarks of `moetrain bench --kernels` and the GEMM ceiling (bench_common.h):
+// random inputs (never zeros), warm-up, median of profiler-region timings. FLOP counts: GEMMs
+// 2*M*N*K; attention 4*d*heads*(visible query-key pairs) forward and 2.5x that backward; the loss
+// head 6*T*V*H for logits, dlogits->dx and dW. Peak bytes are the allocator's high-water mark above
+// what was held before the call (the logits the path materializes).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+#include "cli/bench_common.h"
+#include "core/check.h"
+#include "core/profiler.h"
+#include "core/tensor.h"
+#include "kernels/ops.h"
+#include "model/loss_head.h"
+
+namespace moetrain::cli {
+
+using ops::Trans;
+
+double median_of(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double median_ms(Context& ctx, int warmup, int reps, const std::function<void()>& fn) {
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<double> t;
+  for (int i = 0; i < std::max(reps, 1); ++i) {
+    Profiler::enable(true);
+    {
+      const ProfileScope region(ctx, "bench", ProfileKind::kRegion);
+      fn();
+    }
+    double ms = 0;
+    for (const ProfileEntry& e : Profiler::report())
+      if (e.kind == ProfileKind::kRegion && e.name == "bench") ms = e.total_ms;
+    t.push_back(ms);
+  }
+  Profiler::enable(false);
+  return median_of(t);
+}
+
+namespace {
+
+DType compute_dtype(const Context& ctx) { return ctx.device().is_cuda() ? DType::kBF16 : DType::kF32; }
+
+Tensor randn(Context& ctx, const Shape& shape, DType dt, float std, uint64_t purpose) {
+  Tensor t = Tensor::empty(shape, dt, ctx.device());
+  ops::fill_normal(ctx, t, 0.0f, std, ctx.rng(0xbe7c400 + purpose));
+  return t;
+}
+
+struct Rows {
+  Context& ctx;
+  double ceiling_tflops;
+  nlohmann::json out = nlohmann::json::array();
+
+  // key: a stable id shared with bench/torch_kernels.py --json (e.g. gmm.gate_up.fwd, attn.full.bwd).
+  void add(const std::string& key, const std::string& name, double ms, double flops, double peak_extra_bytes = -1) {
+    const double tflops = ms > 0 ? flops / (ms * 1e-3) / 1e12 : 0.0;
+    nlohmann::json r = {{"key", key}, {"name", name}, {"ms", ms}, {"flops", flops}, {"tflops", tflops}};
+    r["pct_of_gemm_ceiling"] = ceiling_tflops > 0 ? nlohmann::json(100.0 * tflops / ceiling_tflops) : nlohmann::json();
+    std::string extra;
+    if (peak_extra_bytes >= 0) {
+      r["peak_extra_bytes"] = peak_extra_bytes;
+      extra = fmt::format("  peak +{:.1f} MiB", peak_extra_bytes / 1048576.0);
+    }
+    std::printf("kernel %-56s %10.3f ms %8.1f TFLOP/s %7s%s\n", name.c_str(), ms, tflops,
+                ceiling_tflops > 0 ? fmt::format("{:.1f}%", 100.0 * tflops / ceiling_tflops).c_str() : "-", extra.c_str());
+    std::fflush(stdout);
+    out.push_back(std::move(r));
+  }
+};
+
+// Routed-row offsets [E+1]: each of T tokens picks k distinct experts uniformly at random.
+std::vector<int32_t> route_offsets(int64_t T, int64_t k, int64_t E, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::vector<int32_t> counts(static_cast<size_t>(E), 0), pick(static_cast<size_t>(E));
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t e = 0; e < E; ++e) pick[e] = static_cast<int32_t>(e);
+    for (int64_t j = 0; j < k; ++j) {
+      std::swap(pick[j], pick[j + static_cast<int64_t>(g() % static_cast<uint64_t>(E - j))]);
+      ++counts[pick[j]];
+    }
+  }
+  std::vector<int32_t> off(static_cast<size_t>(E + 1), 0);
+  for (int64_t e = 0; e < E; ++e) off[e + 1] = off[e] + counts[e];
+  return off;
+}
+
+void bench_grouped_gemm(Context& ctx, const ModelConfig& mc, const KernelBenchOptions& o, Rows& rows) {
+  const int64_t T = o.tokens, E = mc.num_experts, k = mc.num_experts_per_tok, H = mc.hidden_size,
+                I = mc.moe_intermediate_size, N = T * k;
+  const DType dt = compute_dtype(ctx);
+  const Tensor off = Tensor::from_ints(route_offsets(T, k, E, 42), {E + 1}).to(ctx.device());
+  struct Case { const char* name; int64_t K, M; };
+  for (const Case c : {Case{"gate_up", H, 2 * I}, Case{"down", I, H}}) {
+    const Tensor x = randn(ctx, {N, c.K}, dt, 1.0f, 1), w = randn(ctx, {E, c.M, c.K}, dt, 0.02f, 2);
+    const Tensor dy = randn(ctx, {N, c.M}, dt, 1.0f, 3);
+    Tensor y = Tensor::empty({N, c.M}, dt, ctx.device()), dx = Tensor::empty({N, c.K}, dt, ctx.device());
+    Tensor dw = Tensor::zeros({E, c.M, c.K}, DType::kF32, ctx.device()), none;
+    const double f = 2.0 * static_cast<double>(N) * static_cast<double>(c.K) * static_cast<double>(c.M);
+    const std::string tag = fmt::format("gmm {} {}->{} T{} E{} k{}", c.name, c.K, c.M, T, E, k);
+    const std::string key = std::string("gmm.") + c.name + ".";
+    rows.add(key + "fwd", tag + " fwd", median_ms(ctx, o.warmup, o.reps, [&] { ops::grouped_matmul(ctx, x, w, off, y); }), f);
+    // dx alone = (dx + dW) - dW: the backward op runs dW with dx skipped when dx is undefined.
+    const double both = median_ms(ctx, o.warmup, o.reps, [&] { ops::grouped_matmul_backward(ctx, x, w, off, dy, dx, dw); });
+    const double dwo = median_ms(ctx, o.warmup, o.reps, [&] { ops::grouped_matmul_backward(ctx, x, w, off, dy, none, dw); });
+    rows.add(key + "dx", tag + " dx", std::max(both - dwo, 0.0), f);
+    rows.add(key + "dw", tag + " dW (f32 +=)", dwo, f);
+    rows.add(key + "bwd", tag + " bwd (dx+dW)", both, 2 * f);
+  }
+}
+
+void bench_attention(Context& ctx, const ModelConfig& mc, const KernelBenchOptions& o, int64_t doc, const char* kind,
+                     Rows& rows) {
+  const int64_t T = o.tokens, nh = mc.num_attention_heads, nkv = mc.num_key_value_heads, d = mc.head_dim;
+  const DType dt = compute_dtype(ctx);
+  std::vector<int32_t> cu{0};
+  while (cu.back() < T) cu.push_back(static_cast<int32_t>(std::min<int64_t>(cu.back() + doc, T)));
+  double pairs = 0;  // visible (query, key) pairs
+  int64_t maxlen = 0;
+  for (size_t i = 1; i < cu.size(); ++i) {
+    const double n = cu[i] - cu[i - 1];
+    pairs += n * (n + 1) / 2;
+    maxlen = std::max<int64_t>(maxlen, cu[i] - cu[i - 1]);
+  }
+  const Tensor cus = Tensor::from_ints(cu, {static_cast<int64_t>(cu.size())}).to(ctx.device());
+  const Tensor q = randn(ctx, {T, nh, d}, dt, 1.0f, 11), kk = randn(ctx, {T, nkv, d}, dt, 1.0f, 12);
+  const Tensor v = randn(ctx, {T, nkv, d}, dt, 1.0f, 13), g = randn(ctx, {T, nh, d}, dt, 1.0f, 14);
+  Tensor out = Tensor::empty({T, nh, d}, dt, ctx.device()), lse = Tensor::empty({nh, T}, DType::kF32, ctx.device());
+  Tensor dq = Tensor::empty({T, nh, d}, dt, ctx.device());
+  Tensor dk = Tensor::empty({T, nkv, d}, dt, ctx.device()), dv = Tensor::empty({T, nkv, d}, dt, ctx.device());
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const double f = 4.0 * pairs * static_cast<double>(d) * static_cast<double>(nh);
+  const std::string tag = fmt::format("attn T{} doc{} GQA {}/{} d{}", T, maxlen, nh, nkv, d);
+  const std::string key = std::string("attn.") + kind + ".";
+  rows.add(key + "fwd", tag + " fwd", median_ms(ctx, o.warmup, o.reps, [&] {
+             ops::attention_forward(ctx, q, kk, v, cus, static_cast<int>(maxlen), scale, out, lse);
+           }), f);
+  rows.add(key + "bwd", tag + " bwd", median_ms(ctx, o.warmup, o.reps, [&] {
+             ops::attention_backward(ctx, q, kk, v, out, lse, g, cus, static_cast<int>(maxlen), scale, dq, dk, dv);
+           }), 2.5 * f);
+}
+
+// Bytes the allocator held above `before` at its high-water mark during fn().
+double peak_extra_bytes(Context& ctx, const std::function<void()>& fn) {
+  Allocator& a = allocator_for(ctx.device());
+  ctx.synchronize();
+  a.reset_peaks();
+  const size_t before = a.stats().total_current;
+  fn();
+  ctx.synchronize();
+  return static_cast<double>(a.stats().total_peak - before);
+}
+
+void bench_loss_head(Context& ctx, const ModelConfig& mc, const KernelBenchOptions& o, Rows& rows) {
+  const int64_t T = o.tokens, H = mc.hidden_size, V = mc.vocab_size;
+  const DType dt = compute_dtype(ctx);
+  const Tensor x = randn(ctx, {T, H}, dt, 1.0f, 21), w = randn(ctx, {V, H}, dt, 0.02f, 22);
+  std::mt19937_64 g(7);
+  std::vector<int32_t> lab(static_cast<size_t>(T));
+  for (auto& l : lab) l = static_cast<int32_t>(g() % static_cast<uint64_t>(V));
+  const Tensor labels = Tensor::from_ints(lab, {T}).to(ctx.device());
+  const Tensor weights =
+      Tensor::from_floats(std::vector<float>(static_cast<size_t>(T), 1.0f / static_cast<float>(T)), {T}).to(ctx.device());
+  Tensor dx = Tensor::empty({T, H}, dt, ctx.device()), dw = Tensor::zeros({V, H}, DType::kF32, ctx.device());
+  Tensor nll = Tensor::empty({T}, DType::kF32, ctx.device()), lse = Tensor::empty({T}, DType::kF32, ctx.device());
+  const double f = 6.0 * static_cast<double>(T) * static_cast<double>(V) * static_cast<double>(H);
+  // The model's path: chunks of 256 MiB of logits (ModelOptions' default), dlogits in place.
+  const int64_t chunk = loss_head_chunk_rows(T, V, dt, 0, size_t{256} << 20);
+  auto chunked = [&] {
+    LossHeadIO io;
+    io.nll = nll, io.lse = lse, io.dx = dx, io.dw = dw;
+    loss_head(ctx, x, w, labels, weights, chunk, io);
+  };
+  // Unfused: the whole [T,V] logits, CE forward, dlogits [T,V], then the two GEMMs.
+  auto unfused = [&] {
+    Tensor logits = Tensor::empty({T, V}, dt, ctx.device(), MemCategory::kWorkspace);
+    ops::matmul(ctx, x, Trans::kNo, w, Trans::kYes, logits);
+    ops::cross_entropy_forward(ctx, logits, labels, Tensor(), nll, lse);
+    Tensor dlogits = Tensor::empty({T, V}, dt, ctx.device(), MemCategory::kWorkspace);
+    ops::cross_entropy_backward(ctx, logits, labels, weights, lse, 1.0f, dlogits);
+    ops::matmul(ctx, dlogits, Trans::kNo, w, Trans::kNo, dx);
+    ops::matmul(ctx, dlogits, Trans::kYes, x, Trans::kNo, dw, 1.0f, 1.0f);
+  };
+  const std::string tag = fmt::format("loss head T{} H{} V{}", T, H, V);
+  const double pc = peak_extra_bytes(ctx, chunked), pu = peak_extra_bytes(ctx, unfused);
+  rows.add("loss_head.chunked", fmt::format("{} chunked ({} rows/chunk) fwd+bwd", tag, chunk),
+           median_ms(ctx, o.warmup, o.reps, chunked), f, pc);
+  rows.add("loss_head.unfused", tag + " unfused GEMM+CE fwd+bwd", median_ms(ctx, o.warmup, o.reps, unfused), f, pu);
+}
+
+}  // namespace
+
+GemmCeiling measure_gemm_ceiling(Context& ctx, int64_t n, int reps) {
+  const DType dt = compute_dtype(ctx);
+  const Tensor a = randn(ctx, {n, n}, dt, 1.0f, 31), b = randn(ctx, {n, n}, dt, 1.0f, 32);
+  Tensor c = Tensor::empty({n, n}, dt, ctx.device());
+  GemmCeiling g;
+  g.n = n;
+  g.dtype = dtype_name(dt);
+  g.ms = median_ms(ctx, 3, reps, [&] { ops::matmul(ctx, a, Trans::kNo, b, Trans::kNo, c); });
+  g.tflops = g.ms > 0 ? 2.0 * std::pow(static_cast<double>(n), 3) / (g.ms * 1e-3) / 1e12 : 0.0;
+  return g;
+}
+
+nlohmann::json run_kernel_benchmarks(Context& ctx, const ModelConfig& mc, const KernelBenchOptions& o) {
+  MT_CHECK(o.tokens >= 1, "[bench] --kernel-tokens = {} must be >= 1", o.tokens);
+  Rows rows{ctx, o.ceiling_tflops};
+  if (mc.is_moe()) bench_grouped_gemm(ctx, mc, o, rows);
+  else std::printf("kernel (dense model: no grouped GEMM cases)\n");
+  bench_attention(ctx, mc, o, o.tokens, "full", rows);
+  // Packed documents; when the micro-batch is not longer than `doc`, quarters of it instead.
+  bench_attention(ctx, mc, o, o.doc < o.tokens ? o.doc : std::max<int64_t>(1, o.tokens / 4), "packed", rows);
+  bench_loss_head(ctx, mc, o, rows);
+  return rows.out;
+}
+
+}  // namespace moetrain::cli

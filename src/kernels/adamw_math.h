@@ -1,0 +1,99 @@
+// AdamW per-element math and bf16 rounding, shared by the CPU twin (cpu/adamw.cpp) and the CUDA
+// kernel (cuda/elementwise.cu) so that both give the same bits: every float operation is an
+// explicit IEEE round-to-nearest op (the device side uses __f*_rn intrinsics, which nvcc never
+// contracts into FMAs; the host side assumes x86-64 SSE without FMA contraction, the project's
+// build). Stochastic rounding draws one 32-bit Philox word per element, addressed by its index.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "core/philox.h"
+
+namespace moetrain::adamw_math {
+
+#if defined(__CUDA_ARCH__)
+MT_HD float mul(float a, float b) { return __fmul_rn(a, b); }
+MT_HD float add(float a, float b) { return __fadd_rn(a, b); }
+MT_HD float sub(float a, float b) { return __fsub_rn(a, b); }
+MT_HD float div(float a, float b) { return __fdiv_rn(a, b); }
+MT_HD float sqrt_rn(float a) { return __fsqrt_rn(a); }
+MT_HD uint32_t float_bits(float f) { return __float_as_uint(f); }
+MT_HD float bits_float(uint32_t u) { return __uint_as_float(u); }
+#else
+inline float mul(float a, float b) { return a * b; }
+inline float add(float a, float b) { return a + b; }
+inline float sub(float a, float b) { return a - b; }
+inline float div(float a, float b) { return a / b; }
+inline float sqrt_rn(float a) { return std::sqrt(a); }
+inline uint32_t float_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline float bits_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+#endif
+
+// Step constants, computed once on the host (bias corrections in double, then rounded to float).
+struct Consts {
+  float lr, b1, b2, one_minus_b1, one_minus_b2, eps, wd, bc1, bc2, grad_scale;
+};
+inline Consts make_consts(float lr, float beta1, float beta2, float eps, float weight_decay, int64_t step,
+                          float grad_scale) {
+  Consts k;
+  k.lr = lr;
+  k.b1 = beta1;
+  k.b2 = beta2;
+  k.one_minus_b1 = 1.0f - beta1;
+  k.one_minus_b2 = 1.0f - beta2;
+  k.eps = eps;
+  k.wd = weight_decay;
+  k.bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(step)));
+  k.bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(step)));
+  k.grad_scale = grad_scale;
+  return k;
+}
+
+// One element: g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g g;
+// w -= lr * ((m / bc1) / (sqrt(v / bc2) + eps) + wd * w). m, v and w are f32 in and out (the
+// caller widens/rounds its storage); the update uses the fresh f32 m and v, before any rounding.
+MT_HD void update(const Consts& c, float grad, float& m, float& v, float& w) {
+  const float g = mul(grad, c.grad_scale);
+  m = add(mul(c.b1, m), mul(c.one_minus_b1, g));
+  v = add(mul(c.b2, v), mul(mul(c.one_minus_b2, g), g));
+  const float denom = add(sqrt_rn(div(v, c.bc2)), c.eps);
+  const float upd = add(div(div(m, c.bc1), denom), mul(c.wd, w));
+  w = sub(w, mul(c.lr, upd));
+}
+
+// f32 -> bf16 bits, round to nearest even (NaN stays a quiet NaN).
+MT_HD uint16_t bf16_rne(float f) {
+  uint32_t u = float_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+// f32 -> bf16 bits, rounded stochastically: the 16 dropped bits are compared with 16 random bits,
+// so x rounds away from zero with probability (dropped bits) / 2^16, unbiased in expectation
+// (E[round(x)] = x, exactly for values whose dropped part is a multiple of 2^-16 ulp). NaN and
+// infinities round to nearest; a finite value may round to infinity only from the last binade.
+MT_HD uint16_t bf16_stochastic(float f, uint32_t random) {
+  const uint32_t u = float_bits(f);
+  if ((u & 0x7f800000u) == 0x7f800000u) return bf16_rne(f);
+  return static_cast<uint16_t>((u + (random & 0xffffu)) >> 16);
+}
+
+MT_HD float bf16_to_f32(uint16_t b) { return bits_float(static_cast<uint32_t>(b) << 16); }
+
+// The random word of element i of a stream: word i % 4 of philox4x32(key, counter, i / 4).
+MT_HD uint32_t random_word(uint64_t key, uint64_t counter, uint64_t i) {
+  const Philox4 r = philox4x32(key, counter, i >> 2);
+  return r.v[i & 3];
+}
+
+}  // namespace moetrain::adamw_math

@@ -1,0 +1,121 @@
+// The AdamW CUDA kernel, templated on the storage types of weights, grad, m, v and the compute
+// copy (float, or uint16_t holding bf16 bits, the CPU twin's representation), so elementwise.cu
+// and the standalone benchmark (bench/standalone/adamw_precision.cu) share it. Per-element math
+// and rounding: kernels/adamw_math.h, bit-identical to the CPU twin.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/adamw_math.h"
+
+namespace moetrain::cuda::adamw_detail {
+
+namespace am = adamw_math;
+
+// Storage types: float, or uint16_t holding bf16 bits (the CPU twin's representation, so the
+// rounding code in kernels/adamw_math.h is shared verbatim).
+__device__ __forceinline__ float ld(const float* p, int64_t i) { return p[i]; }
+__device__ __forceinline__ float ld(const uint16_t* p, int64_t i) { return am::bf16_to_f32(p[i]); }
+__device__ __forceinline__ void st(float* p, int64_t i, float x) { p[i] = x; }
+__device__ __forceinline__ void st(uint16_t* p, int64_t i, float x) { p[i] = am::bf16_rne(x); }
+
+// 8 consecutive elements, 16-byte aligned: two float4 or one uint4.
+__device__ __forceinline__ void load8(const float* p, float (&x)[8]) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+  x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+}
+__device__ __forceinline__ void load8(const uint16_t* p, float (&x)[8]) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    x[2 * j] = am::bits_float(w[j] << 16);
+    x[2 * j + 1] = am::bits_float(w[j] & 0xffff0000u);
+  }
+}
+__device__ __forceinline__ void store8(float* p, const float (&x)[8]) {
+  reinterpret_cast<float4*>(p)[0] = make_float4(x[0], x[1], x[2], x[3]);
+  reinterpret_cast<float4*>(p)[1] = make_float4(x[4], x[5], x[6], x[7]);
+}
+__device__ __forceinline__ void store8_bits(uint16_t* p, const uint16_t (&b)[8]) {
+  uint4 u;
+  u.x = b[0] | (static_cast<uint32_t>(b[1]) << 16);
+  u.y = b[2] | (static_cast<uint32_t>(b[3]) << 16);
+  u.z = b[4] | (static_cast<uint32_t>(b[5]) << 16);
+  u.w = b[6] | (static_cast<uint32_t>(b[7]) << 16);
+  *reinterpret_cast<uint4*>(p) = u;
+}
+__device__ __forceinline__ void store8(uint16_t* p, const float (&x)[8]) {
+  uint16_t b[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) b[j] = am::bf16_rne(x[j]);
+  store8_bits(p, b);
+}
+
+// New weight -> stored weight (and its f32 value for the compute copy).
+template <typename W>
+__device__ __forceinline__ float store_weight(W* w, int64_t i, float x, bool sr, uint32_t random) {
+  if constexpr (std::is_same_v<W, uint16_t>) {
+    const uint16_t b = sr ? am::bf16_stochastic(x, random) : am::bf16_rne(x);
+    w[i] = b;
+    return am::bf16_to_f32(b);
+  } else {
+    w[i] = x;
+    return x;
+  }
+}
+
+// One thread per 8 elements (kVec: every pointer 16-byte aligned; a partial last chunk takes
+// the scalar path) or per element. Two Philox calls give the 8 random words of a chunk.
+template <typename W, typename G, typename M, typename V, typename C, bool kVec>
+__global__ void adamw_kernel(W* __restrict__ w, const G* __restrict__ g, M* __restrict__ m, V* __restrict__ v,
+                             C* __restrict__ comp, int64_t n, am::Consts k, bool sr, uint64_t key, uint64_t counter) {
+  constexpr int kPer = kVec ? 8 : 1;
+  const int64_t chunks = (n + kPer - 1) / kPer;
+  for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < chunks; c += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t i0 = c * kPer;
+    if (kVec && i0 + 8 <= n) {
+      float wf[8], gf[8], mf[8], vf[8];
+      load8(w + i0, wf);
+      load8(g + i0, gf);
+      load8(m + i0, mf);
+      load8(v + i0, vf);
+      uint32_t rnd[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      if (std::is_same_v<W, uint16_t> && sr) {
+        const Philox4 r0 = philox4x32(key, counter, static_cast<uint64_t>(i0) >> 2);
+        const Philox4 r1 = philox4x32(key, counter, (static_cast<uint64_t>(i0) >> 2) + 1);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) rnd[j] = r0.v[j], rnd[4 + j] = r1.v[j];
+      }
+      uint16_t wb[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        am::update(k, gf[j], mf[j], vf[j], wf[j]);
+        if constexpr (std::is_same_v<W, uint16_t>) {
+          wb[j] = sr ? am::bf16_stochastic(wf[j], rnd[j]) : am::bf16_rne(wf[j]);
+          wf[j] = am::bf16_to_f32(wb[j]);
+        }
+      }
+      store8(m + i0, mf);
+      store8(v + i0, vf);
+      if constexpr (std::is_same_v<W, uint16_t>) store8_bits(w + i0, wb);
+      else store8(w + i0, wf);
+      if (comp) store8(comp + i0, wf);
+    } else {
+      const int64_t end = i0 + kPer < n ? i0 + kPer : n;
+      for (int64_t i = i0; i < end; ++i) {
+        float mi = ld(m, i), vi = ld(v, i), wi = ld(w, i);
+        am::update(k, ld(g, i), mi, vi, wi);
+        st(m, i, mi);
+        st(v, i, vi);
+        const uint32_t r = std::is_same_v<W, uint16_t> && sr ? am::random_word(key, counter, static_cast<uint64_t>(i)) : 0u;
+        const float stored = store_weight(w, i, wi, sr, r);
+        if (comp) st(comp, i, stored);
+      }
+    }
+  }
+}
+
+}  // namespace moetrain::cuda::adamw_detail

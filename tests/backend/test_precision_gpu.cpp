@@ -1,0 +1,94 @@
+// CUDA vs CPU twin for the precision options (optimizer.*_dtype): the AdamW step for every storage
+// combination of weights / grad / m / v / compute copy, with nearest and stochastic rounding,
+// must match the CPU bit for bit (both run kernels/adamw_math.h with explicit IEEE round-to-nearest
+// operations and the same Philox words), on vectorized (16-byte aligned) and scalar (misaligned
+// view) paths and sizes that are not multiples of 8; sum_squares_accumulate matches the CPU to
+// fp64 reordering and does not read back to the host.
+#include <cstring>
+
+#include "backend_util.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/ops.h"
+
+namespace moetrain::test {
+namespace {
+
+// A CPU tensor of `v` stored in dt, plus the same bits on the GPU. With `offset`, both are views
+// starting `offset` elements into a larger buffer (a misaligned start takes the scalar path).
+struct Twin {
+  Tensor cpu, gpu, gpu_base;
+};
+Twin twin(const std::vector<float>& v, DType dt, int64_t offset) {
+  const int64_t n = static_cast<int64_t>(v.size());
+  std::vector<float> padded(static_cast<size_t>(n + offset), 0.5f);
+  std::copy(v.begin(), v.end(), padded.begin() + offset);
+  Tensor host = Tensor::from_floats(padded, {n + offset}, dt);
+  Twin t;
+  t.gpu_base = host.to(Device::cuda(0));
+  t.gpu = t.gpu_base.slice(0, offset, offset + n);
+  t.cpu = host.slice(0, offset, offset + n).contiguous();
+  return t;
+}
+bool same_bits(const Tensor& cpu, const Tensor& gpu) {
+  const Tensor back = gpu.contiguous().to(Device::cpu());
+  return cpu.nbytes() == back.nbytes() && std::memcmp(cpu.data_ptr(), back.data_ptr(), cpu.nbytes()) == 0;
+}
+
+TEST(BackendPrecision, AdamWEveryDtypeCombinationIsBitExact) {
+  MT_REQUIRE_GPU();
+  const DType F = DType::kF32, B = DType::kBF16, none = DType::kU8;
+  int cases = 0, failures = 0;
+  for (int64_t n : {int64_t{1}, int64_t{13}, int64_t{4099}, int64_t{65536 * 3 + 5}})
+    for (int64_t offset : {int64_t{0}, int64_t{1}})
+      for (DType wd : {F, B})
+        for (DType gd : {F, B})
+          for (DType md : {F, B})
+            for (DType vd : {F, B})
+              for (DType cd : {none, F, B})
+                for (bool sr : {false, true}) {
+                  if (sr && wd == F) continue;
+                  auto v0 = randn(n, 83, 1e-2f);
+                  for (auto& x : v0) x = x * x;
+                  Twin w = twin(randn(n, 80, 0.05f), wd, offset), g = twin(randn(n, 81), gd, offset),
+                       m = twin(randn(n, 82, 0.1f), md, offset), v = twin(v0, vd, offset);
+                  Twin c = cd == none ? Twin{} : twin(std::vector<float>(static_cast<size_t>(n), 0.0f), cd, offset);
+                  ops::AdamWParams p;
+                  p.lr = 3e-3f, p.weight_decay = 0.1f, p.grad_scale = 0.7f, p.stochastic_rounding = sr;
+                  for (int step = 1; step <= 2; ++step) {
+                    p.step = step;
+                    p.rng = gpu_ctx().rng(0x520000 + 3, static_cast<uint64_t>(step));
+                    ops::adamw_step(gpu_ctx(), w.gpu, g.gpu, m.gpu, v.gpu, p, c.gpu);
+                    cpu::adamw_step(cpu_ctx(), w.cpu, g.cpu, m.cpu, v.cpu, p, c.cpu);
+                  }
+                  device_sync();
+                  const std::string what = std::string("n ") + std::to_string(n) + " offset " + std::to_string(offset) +
+                                           " w " + dt_name(wd) + " g " + dt_name(gd) + " m " + dt_name(md) + " v " +
+                                           dt_name(vd) + " compute " + (cd == none ? "none" : dt_name(cd)) +
+                                           (sr ? " stochastic" : " nearest");
+                  const bool ok = same_bits(w.cpu, w.gpu) && same_bits(m.cpu, m.gpu) && same_bits(v.cpu, v.gpu) &&
+                                  (cd == none || same_bits(c.cpu, c.gpu));
+                  if (!ok && ++failures <= 10) ADD_FAILURE() << "adamw_step differs from the CPU twin: " << what;
+                  ++cases;
+                }
+  check_scalar("adamw_step", "combinations bit-exact (" + std::to_string(cases) + ")", failures, 0.0, 0.0);
+}
+
+TEST(BackendPrecision, SumSquaresAccumulateMatchesCpu) {
+  MT_REQUIRE_GPU();
+  for (int64_t n : {int64_t{1}, int64_t{1001}, int64_t{65536 * 5 + 3}})
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+      Pair x = input(randn(n, 90 + n), {n}, dt);
+      Pair y = input(randn(n / 2 + 1, 91 + n, 3.0f), {n / 2 + 1}, dt);
+      Tensor acc_gpu = Tensor::zeros({1}, DType::kF64, Device::cuda(0)), acc_cpu = Tensor::zeros({1}, DType::kF64);
+      ops::sum_squares_accumulate(gpu_ctx(), x.gpu, acc_gpu);
+      ops::sum_squares_accumulate(gpu_ctx(), y.gpu, acc_gpu);
+      ops::sum_squares_accumulate(cpu_ctx(), x.cpu, acc_cpu);  // the CPU side holds the same (rounded) values
+      ops::sum_squares_accumulate(cpu_ctx(), y.cpu, acc_cpu);
+      device_sync();
+      const double got = acc_gpu.to(Device::cpu()).data<double>()[0], want = acc_cpu.data<double>()[0];
+      check_scalar("sum_squares_accumulate", std::string(dt_name(dt)) + " n=" + std::to_string(n), got, want, 1e-12);
+    }
+}
+
+}  // namespace
+}  // namespace moetrain::test
