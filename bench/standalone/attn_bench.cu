@@ -19,12 +19,14 @@ flash::Arch arch_of(int arch) { return arch == 90 ? flash::Arch::kSm90 : flash::
 
 extern "C" {
 
-// Sets the sm90 knobs (see attention_flash_launch.cuh); 0 keeps a value.
-void attn_knobs(int fwd_key_tile, int dq_key_tile, int kv_ctas_per_sm) {
+// Sets the sm90 knobs (see attention_flash_launch.cuh; kv_ctas_per_sm sets both CTA-per-SM knobs);
+// 0 keeps a value; bwd_fused -1 keeps it.
+void attn_knobs(int fwd_key_tile, int dq_key_tile, int kv_ctas_per_sm, int bwd_fused) {
   flash::Sm90Knobs& k = flash::sm90_knobs();
   if (fwd_key_tile) k.fwd_key_tile = fwd_key_tile;
   if (dq_key_tile) k.dq_key_tile = dq_key_tile;
-  if (kv_ctas_per_sm) k.kv_ctas_per_sm = kv_ctas_per_sm;
+  if (kv_ctas_per_sm) k.kv_ctas_per_sm = k.fused_ctas_per_sm = kv_ctas_per_sm;
+  if (bwd_fused >= 0) k.bwd_fused = bwd_fused;
 }
 
 // arch 80 or 90; key_tile 64 or 128 (sm90 forward). Returns a cudaError_t.
@@ -43,11 +45,12 @@ long attn_bwd_workspace(int arch, long T, long nh, long nkv, long d, int sms) {
 
 int attn_bwd(int arch, const void* q, const void* k, const void* v, const int* cu, long T, long nh, long nkv, long d,
              int ndocs, float scale, const void* out, const float* lse, const void* dout, void* dq, void* dk, void* dv,
-             void* ws, int sms, void* stream) {
+             void* ws, int sms, int deterministic, void* stream) {
   using bf = __nv_bfloat16;
   return flash::backward(problem(q, k, v, cu, T, nh, nkv, d, ndocs, scale), static_cast<const bf*>(out), lse,
                          static_cast<const bf*>(dout), static_cast<bf*>(dq), static_cast<bf*>(dk),
-                         static_cast<bf*>(dv), ws, arch_of(arch), sms, static_cast<cudaStream_t>(stream));
+                         static_cast<bf*>(dv), ws, arch_of(arch), sms, deterministic != 0,
+                         static_cast<cudaStream_t>(stream));
 }
 
 }  // extern "C"

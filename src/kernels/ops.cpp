@@ -455,7 +455,7 @@ void grouped_matmul(Context& ctx, const Tensor& x, const Tensor& w, const Tensor
 }
 
 void grouped_matmul_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& offsets,
-                             const Tensor& dy, Tensor& dx, Tensor& dw) {
+                             const Tensor& dy, Tensor& dx, Tensor& dw, bool accumulate_dw) {
   const char* op = "grouped_matmul_backward";
   const Device dev = device_of(ctx, op, {{x, "x"}, {w, "w"}, {offsets, "offsets"}, {dy, "dy"}, {dx, "dx"},
                                          {dw, "dw"}});
@@ -468,7 +468,7 @@ void grouped_matmul_backward(Context& ctx, const Tensor& x, const Tensor& w, con
   check_shape(dw, w.shape(), op, "dw");
   MT_CHECK(dw.dtype() == DType::kF32 || dw.dtype() == DType::kBF16, "[{}] dw is {}, expected f32 or bf16", op,
            dtype_name(dw.dtype()));
-  MT_DISPATCH(dev, grouped_matmul_backward, ctx, x, w, offsets, dy, dx, dw);
+  MT_DISPATCH(dev, grouped_matmul_backward, ctx, x, w, offsets, dy, dx, dw, accumulate_dw);
 }
 
 // ---- cross-entropy -------------------------------------------------------------------------

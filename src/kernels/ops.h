@@ -131,7 +131,9 @@ void grouped_matmul(Context& ctx, const Tensor& x /*[N,K]*/, const Tensor& w /*[
 // (experts with no rows are left untouched).
 void grouped_matmul_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& offsets,
                              const Tensor& dy /*[N,M]*/, Tensor& dx /*[N,K]*/,
-                             Tensor& dw /*[E,M,K] f32|bf16, +=*/);
+                             Tensor& dw /*[E,M,K] f32|bf16, +=*/, bool accumulate_dw = true);
+// accumulate_dw = false overwrites instead: dw[e] = dy_e^T x_e, and zeros for experts without rows
+// (the first micro-batch of a step, so the gradient needs no zeroing and no read).
 
 // ---- cross-entropy over a large vocabulary ------------------------------------------------
 // losses[t] = weights[t] * (lse[t] - logits[t, labels[t]]), 0 where labels[t] == -100.

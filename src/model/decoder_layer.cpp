@@ -140,21 +140,21 @@ Tensor moe_ffn_forward(Context& ctx, const ModelConfig& cfg, const LayerParams& 
 
 // d(loss)/d(b) of the dense FFN into db (overwritten); accumulates parameter gradients.
 void dense_ffn_backward(Context& ctx, const LayerParams& w, LayerParams& g, const LayerActs& s, const Tensor& dy,
-                        Tensor& db) {
+                        Tensor& db, float gb) {
   const int64_t T = s.b.size(0), I = w.mlp_down.size(1);
   const DType dt = s.b.dtype();
   const Device dev = s.b.device();
   Tensor dact = work_empty({T, I}, dt, dev);
   ops::matmul(ctx, dy, Trans::kNo, w.mlp_down, Trans::kNo, dact);                     // [T,H] x [H,I]
-  ops::matmul(ctx, dy, Trans::kYes, s.act, Trans::kNo, g.mlp_down, 1.0f, 1.0f);       // [H,T] x [T,I]
+  ops::matmul(ctx, dy, Trans::kYes, s.act, Trans::kNo, g.mlp_down, 1.0f, gb);       // [H,T] x [T,I]
   Tensor dgu = work_empty({T, 2 * I}, dt, dev);
   ops::swiglu_backward(ctx, s.gu, dact, dgu);
   ops::matmul(ctx, dgu, Trans::kNo, w.mlp_gate_up, Trans::kNo, db);                   // [T,2I] x [2I,H]
-  ops::matmul(ctx, dgu, Trans::kYes, s.b, Trans::kNo, g.mlp_gate_up, 1.0f, 1.0f);     // [2I,T] x [T,H]
+  ops::matmul(ctx, dgu, Trans::kYes, s.b, Trans::kNo, g.mlp_gate_up, 1.0f, gb);     // [2I,T] x [T,H]
 }
 
 void moe_ffn_backward(Context& ctx, const ModelConfig& cfg, const LayerParams& w, LayerParams& g,
-                      const LayerActs& s, const RouterLossGrad& rg, const Tensor& dy, Tensor& db) {
+                      const LayerActs& s, const RouterLossGrad& rg, const Tensor& dy, Tensor& db, float gb) {
   const int64_t T = s.b.size(0), H = cfg.hidden_size, E = cfg.num_experts;
   const int64_t k = cfg.num_experts_per_tok, I = cfg.moe_intermediate_size;
   const DType dt = s.b.dtype();
@@ -163,13 +163,13 @@ void moe_ffn_backward(Context& ctx, const ModelConfig& cfg, const LayerParams& w
   Tensor dtopk_w = work_empty({T, k}, DType::kF32, dev);
   ops::moe_unpermute_backward(ctx, dy, s.yp, s.row_of, s.topk_w, dyp, dtopk_w);
   Tensor dact = work_empty({T * k, I}, dt, dev);
-  ops::grouped_matmul_backward(ctx, s.act, w.experts_down, s.offsets, dyp, dact, g.experts_down);
+  ops::grouped_matmul_backward(ctx, s.act, w.experts_down, s.offsets, dyp, dact, g.experts_down, gb != 0.0f);
   dyp = Tensor();
   Tensor dgu = work_empty({T * k, 2 * I}, dt, dev);
   ops::swiglu_backward(ctx, s.gu, dact, dgu);
   dact = Tensor();
   Tensor dxp = work_empty({T * k, H}, dt, dev);
-  ops::grouped_matmul_backward(ctx, s.xp, w.experts_gate_up, s.offsets, dgu, dxp, g.experts_gate_up);
+  ops::grouped_matmul_backward(ctx, s.xp, w.experts_gate_up, s.offsets, dgu, dxp, g.experts_gate_up, gb != 0.0f);
   dgu = Tensor();
   ops::moe_permute_backward(ctx, dxp, s.row_of, db);
 
@@ -184,11 +184,11 @@ void moe_ffn_backward(Context& ctx, const ModelConfig& cfg, const LayerParams& w
   if (rg.z_scale != 0.0f) ops::router_zloss_backward(ctx, s.router_logits, s.z_lse, rg.z_scale, dlogits);
   Tensor dl = to_dtype(ctx, dlogits, dt);
   ops::matmul(ctx, dl, Trans::kNo, w.router, Trans::kNo, db, 1.0f, 1.0f);          // [T,E] x [E,H]
-  ops::matmul(ctx, dl, Trans::kYes, s.b, Trans::kNo, g.router, 1.0f, 1.0f);        // [E,T] x [T,H], f32 +=
+  ops::matmul(ctx, dl, Trans::kYes, s.b, Trans::kNo, g.router, 1.0f, gb);        // [E,T] x [T,H], f32 +=
 }
 
 void attention_backward_part(Context& ctx, const ModelConfig& cfg, const LayerParams& w, LayerParams& g,
-                             const Batch& batch, const LayerActs& s, Tensor& dh) {
+                             const Batch& batch, const LayerActs& s, Tensor& dh, float gb) {
   const int64_t T = s.x.size(0), H = cfg.hidden_size, d = cfg.head_dim;
   const int64_t nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
   const DType dt = s.x.dtype();
@@ -197,7 +197,7 @@ void attention_backward_part(Context& ctx, const ModelConfig& cfg, const LayerPa
 
   Tensor dattn = work_empty({T, nh * d}, dt, dev);
   ops::matmul(ctx, dh, Trans::kNo, w.o_proj, Trans::kNo, dattn);                                // [T,H] x [H,nh*d]
-  ops::matmul(ctx, dh, Trans::kYes, s.attn.view({T, nh * d}), Trans::kNo, g.o_proj, 1.0f, 1.0f);  // [H,T] x [T,nh*d]
+  ops::matmul(ctx, dh, Trans::kYes, s.attn.view({T, nh * d}), Trans::kNo, g.o_proj, 1.0f, gb);  // [H,T] x [T,nh*d]
 
   Tensor dq = work_empty({T, nh, d}, dt, dev), dk = work_empty({T, nkv, d}, dt, dev);
   Tensor dv = work_empty({T, nkv, d}, dt, dev);
@@ -222,9 +222,9 @@ void attention_backward_part(Context& ctx, const ModelConfig& cfg, const LayerPa
   ops::matmul(ctx, dq2, Trans::kNo, w.q_proj, Trans::kNo, da);                   // [T,nh*d] x [nh*d,H]
   ops::matmul(ctx, dk2, Trans::kNo, w.k_proj, Trans::kNo, da, 1.0f, 1.0f);
   ops::matmul(ctx, dv2, Trans::kNo, w.v_proj, Trans::kNo, da, 1.0f, 1.0f);
-  ops::matmul(ctx, dq2, Trans::kYes, s.a, Trans::kNo, g.q_proj, 1.0f, 1.0f);     // [nh*d,T] x [T,H]
-  ops::matmul(ctx, dk2, Trans::kYes, s.a, Trans::kNo, g.k_proj, 1.0f, 1.0f);
-  ops::matmul(ctx, dv2, Trans::kYes, s.a, Trans::kNo, g.v_proj, 1.0f, 1.0f);
+  ops::matmul(ctx, dq2, Trans::kYes, s.a, Trans::kNo, g.q_proj, 1.0f, gb);     // [nh*d,T] x [T,H]
+  ops::matmul(ctx, dk2, Trans::kYes, s.a, Trans::kNo, g.k_proj, 1.0f, gb);
+  ops::matmul(ctx, dv2, Trans::kYes, s.a, Trans::kNo, g.v_proj, 1.0f, gb);
 
   Tensor dx = work_empty({T, H}, dt, dev);
   ops::rmsnorm_backward(ctx, s.x, w.input_norm, s.rstd_in, da, dx, g.input_norm);
@@ -249,22 +249,24 @@ Tensor decoder_layer_forward(Context& ctx, const ModelConfig& cfg, const LayerPa
 }
 
 void decoder_layer_backward(Context& ctx, const ModelConfig& cfg, const LayerParams& w, LayerParams& g,
-                            const Batch& batch, const LayerActs& s, const RouterLossGrad& rg, Tensor& dout) {
+                            const Batch& batch, const LayerActs& s, const RouterLossGrad& rg, Tensor& dout,
+                            bool overwrite_grads) {
+  const float gb = overwrite_grads ? 0.0f : 1.0f;  // beta of the matrix-gradient GEMMs
   const int64_t T = s.x.size(0), H = cfg.hidden_size;
   MT_CHECK(s.x.defined() && s.b.defined(), "[decoder_layer] backward without saved activations");
   check_shape(dout, {T, H}, "decoder_layer", "dout");
   Tensor db = work_empty({T, H}, s.b.dtype(), s.b.device());
   if (w.sparse) {
-    moe_ffn_backward(ctx, cfg, w, g, s, rg, dout, db);
+    moe_ffn_backward(ctx, cfg, w, g, s, rg, dout, db, gb);
   } else {
-    dense_ffn_backward(ctx, w, g, s, dout, db);
+    dense_ffn_backward(ctx, w, g, s, dout, db, gb);
   }
   Tensor dh_part = work_empty({T, H}, s.b.dtype(), s.b.device());
   ops::rmsnorm_backward(ctx, s.h, w.post_norm, s.rstd_post, db, dh_part, g.post_norm);
   db = Tensor();
   ops::add_(ctx, dout, dh_part);  // dout now holds d(loss)/d(h)
   dh_part = Tensor();
-  attention_backward_part(ctx, cfg, w, g, batch, s, dout);
+  attention_backward_part(ctx, cfg, w, g, batch, s, dout, gb);
 }
 
 void drop_recomputable(LayerActs& s) {

@@ -57,7 +57,8 @@ void loss_head(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& lab
     ops::cross_entropy_backward(ctx, lc, lab, weights.slice(0, r0, r1), lse, 1.0f, dc);
     Tensor dxc = io.dx.slice(0, r0, r1);
     ops::matmul(ctx, dc, Trans::kNo, w, Trans::kNo, dxc);                 // [n,V] x [V,H]
-    ops::matmul(ctx, dc, Trans::kYes, xc, Trans::kNo, io.dw, 1.0f, 1.0f);  // [V,n] x [n,H], f32 +=
+    const float beta = io.dw_overwrite && r0 == 0 ? 0.0f : 1.0f;
+    ops::matmul(ctx, dc, Trans::kYes, xc, Trans::kNo, io.dw, 1.0f, beta);  // [V,n] x [n,H], +=
   }
 }
 

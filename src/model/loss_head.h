@@ -21,7 +21,8 @@ struct LossHeadIO {
   Tensor lse;     // [T] f32 out
   Tensor logits;  // [T,V] out when defined (then dlogits use a separate chunk buffer)
   Tensor dx;      // [T,H] out when defined: d(sum_t weights_t nll_t)/dx (overwritten)
-  Tensor dw;      // [V,H] f32, += when dx is defined
+  Tensor dw;      // [V,H] f32 or bf16, += when dx is defined
+  bool dw_overwrite = false;  // dw = (instead of +=): the first chunk writes with beta 0
 };
 
 // x [T,H] (final-norm output), w [V,H] (lm_head or the tied embedding), labels [T] i32,

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "core/check.h"
 #include "kernels/ops.h"
@@ -191,6 +192,7 @@ void Qwen3Model::head_(Context& ctx, const Batch& batch, const Tensor& hl, Pass 
   if (grads) {
     io.dx = work_empty({T, H}, dt, dev);
     io.dw = cfg.tie_word_embeddings ? grads->embed : grads->lm_head;
+    io.dw_overwrite = overwrite_pass_ && !cfg.tie_word_embeddings;  // the tied table is zeroed
   }
   loss_head(ctx, fn, lm_head_weight(), batch.labels, batch.loss_weights, chunk_rows_(T), io);
   dot_into(ctx, io.nll, batch.loss_weights, stats_.slice(0, 0, 1));
@@ -221,6 +223,7 @@ ForwardResult Qwen3Model::run_forward_(Context& ctx, const Batch& batch, Pass pa
   }
   const int64_t E = cfg.num_experts;
   const Device dev = params_.embed.device();
+  if (pass == Pass::kTrain) overwrite_pass_ = std::exchange(overwrite_next_, false);
   stats_ = Tensor::zeros({1 + num_sparse_ * stats_stride(E)}, DType::kF32, dev, MemCategory::kActivations);
   if (num_sparse_ > 0) aux_counts_total_ = Tensor::zeros({E}, DType::kF32, dev, MemCategory::kActivations);
   ForwardResult res;
@@ -311,6 +314,7 @@ void Qwen3Model::backward(Context& ctx, ModelParams& grads) {
     io.lse = work_empty({T}, DType::kF32, dev);
     io.dx = work_empty({T, H}, dt, dev);
     io.dw = cfg.tie_word_embeddings ? grads.embed : grads.lm_head;
+    io.dw_overwrite = overwrite_pass_ && !cfg.tie_word_embeddings;
     loss_head(ctx, final_out_, lm_head_weight(), batch_.labels, batch_.loss_weights, chunk_rows_(T), io);
     final_out_ = Tensor();
     dh = work_empty({T, H}, dt, dev);
@@ -339,26 +343,27 @@ void Qwen3Model::backward(Context& ctx, ModelParams& grads) {
     }
     switch (opts_.recompute) {
       case Recompute::kNone:
-        decoder_layer_backward(ctx, cfg, w, grads.layers[l], batch_, acts_[l], rg, dh);
+        decoder_layer_backward(ctx, cfg, w, grads.layers[l], batch_, acts_[l], rg, dh, overwrite_pass_);
         break;
       case Recompute::kSelective: {
         LayerActs s = acts_[l];
         acts_[l].clear();
         restore_recomputed(ctx, cfg, w, batch_, s);
-        decoder_layer_backward(ctx, cfg, w, grads.layers[l], batch_, s, rg, dh);
+        decoder_layer_backward(ctx, cfg, w, grads.layers[l], batch_, s, rg, dh, overwrite_pass_);
         break;
       }
       case Recompute::kFull: {
         LayerActs s;
         decoder_layer_forward(ctx, cfg, w, batch_, acts_[l].x, set, s);
         acts_[l].clear();
-        decoder_layer_backward(ctx, cfg, w, grads.layers[l], batch_, s, rg, dh);
+        decoder_layer_backward(ctx, cfg, w, grads.layers[l], batch_, s, rg, dh, overwrite_pass_);
         break;
       }
     }
     acts_[l].clear();
   }
   ops::embedding_backward(ctx, batch_.tokens, dh, grads.embed);
+  overwrite_pass_ = false;
   release();
 }
 
@@ -385,8 +390,21 @@ ModelParams allocate_gradients(const ModelConfig& cfg, Device device, DType matr
   return g;
 }
 
-void zero_gradients(ModelParams& grads) {
-  grads.for_each([](const std::string&, Tensor& t) { t.zero_(); });
+void zero_gradients(ModelParams& grads, bool matrices) {
+  if (matrices) {
+    grads.for_each([](const std::string&, Tensor& t) { t.zero_(); });
+    return;
+  }
+  // Written (not added) by a pass after set_overwrite_matrix_grads(): the layers' projections,
+  // router, expert and dense MLP matrices and an untied lm_head.
+  grads.embed.zero_();
+  grads.final_norm.zero_();
+  for (LayerParams& l : grads.layers) {
+    l.input_norm.zero_();
+    l.post_norm.zero_();
+    if (l.q_norm.defined()) l.q_norm.zero_();
+    if (l.k_norm.defined()) l.k_norm.zero_();
+  }
 }
 
 void for_each_hf_named(const ModelParams& p, const std::function<void(const std::string&, const Tensor&)>& fn) {

@@ -89,6 +89,10 @@ class Qwen3Model {
   // Forward and backward with the loss head fused (each chunk's CE gradient is formed right after
   // its logits); one device read, after all the work is queued.
   ForwardResult forward_backward(Context& ctx, const Batch& batch, ModelParams& grads, bool return_logits = false);
+  // The next training pass WRITES the matrix gradients (every tensor that zero_gradients(g, false)
+  // leaves alone) instead of adding to them: no zeroing and no read of the old values. Set it after
+  // zero_gradients(grads, /*matrices=*/false); the next forward(kTrain) consumes it.
+  void set_overwrite_matrix_grads() { overwrite_next_ = true; }
   // Forward only: log p(label_t | prefix) per token [T] f32, 0 where label_t == -100 (DPO, eval).
   // No host read.
   Tensor token_logprobs(Context& ctx, const Batch& batch);
@@ -112,6 +116,8 @@ class Qwen3Model {
   std::vector<int64_t> sparse_slot_;          // layer -> index among sparse layers (-1: dense)
   // Saved state of the last kTrain forward.
   bool has_saved_ = false;
+  bool overwrite_next_ = false;  // set_overwrite_matrix_grads(), consumed by the next kTrain forward
+  bool overwrite_pass_ = false;  // this training pass writes the matrix gradients
   Batch batch_;
   std::vector<LayerActs> acts_;
   Tensor final_in_, final_out_, final_rstd_;  // [T,H], [T,H], [T] (head not yet differentiated)
@@ -126,7 +132,9 @@ class Qwen3Model {
 // `matrix_dtype` (optimizer.main_grads_dtype) for the 2-D/3-D weights written by matmul and
 // grouped_matmul_backward; norms and the embedding table (embedding_backward) stay f32.
 ModelParams allocate_gradients(const ModelConfig& cfg, Device device, DType matrix_dtype = DType::kF32);
-void zero_gradients(ModelParams& grads);
+// Zeros every gradient; with matrices = false, only those a training pass after
+// Qwen3Model::set_overwrite_matrix_grads() does not write (norm weights, the embedding table).
+void zero_gradients(ModelParams& grads, bool matrices = true);
 
 // Visits tensors under transformers' in-memory parameter names (experts fused as
 // mlp.experts.gate_up_proj [E,2I,H] / mlp.experts.down_proj [E,H,I]; dense MLPs split into

@@ -363,7 +363,9 @@ void Trainer::train_step_(int64_t step) {
     MT_LOG_WARN("[train] step {}: non-finite loss or gradient norm ({}, {}); update skipped", step, loss, gnorm);
   }
   region.emplace(ctx_, "zero_grad", ProfileKind::kRegion);
-  zero_gradients(grads_);
+  // Matrix gradients are not zeroed: the next step's first pass writes them (beta 0).
+  zero_gradients(grads_, /*matrices=*/false);
+  model_->set_overwrite_matrix_grads();
   region.reset();
   ctx_.synchronize();
   const double dt = seconds_since(t0);

@@ -198,14 +198,25 @@ TEST(Backend, GroupedMatmul) {
       const auto init = randn(E * c.M * c.K, 114, 0.1f);
       Pair dw = output({E, c.M, c.K}, DType::kF32, &init);
       ops::grouped_matmul_backward(gpu_ctx(), x.gpu, w.gpu, o.gpu, dy.gpu, dx.gpu, dw.gpu);
-      cpu::grouped_matmul_backward(cpu_ctx(), x.cpu, w.cpu, o.cpu, dy.cpu, dx.cpu, dw.cpu);
+      cpu::grouped_matmul_backward(cpu_ctx(), x.cpu, w.cpu, o.cpu, dy.cpu, dx.cpu, dw.cpu, true);
       check("grouped_matmul_backward", "dx " + tg, dx, dt == DType::kBF16 ? kTolBf16 : 1e-5);
       check("grouped_matmul_backward", "dw " + tg, dw, 1e-5);
       // dx undefined: only dw accumulates (again).
       Tensor none;
       ops::grouped_matmul_backward(gpu_ctx(), x.gpu, w.gpu, o.gpu, dy.gpu, none, dw.gpu);
-      cpu::grouped_matmul_backward(cpu_ctx(), x.cpu, w.cpu, o.cpu, dy.cpu, none, dw.cpu);
+      cpu::grouped_matmul_backward(cpu_ctx(), x.cpu, w.cpu, o.cpu, dy.cpu, none, dw.cpu, true);
       check("grouped_matmul_backward", "dw twice " + tg, dw, 1e-5);
+      // Overwrite mode (the first micro-batch of a step): dw starts as NaN and must be fully written,
+      // zeros for experts without rows; f32 and bf16 gradients.
+      if (dt == DType::kBF16) {
+        for (DType gdt : {DType::kF32, DType::kBF16}) {
+          Pair dwo = output({E, c.M, c.K}, gdt);
+          ops::grouped_matmul_backward(gpu_ctx(), x.gpu, w.gpu, o.gpu, dy.gpu, none, dwo.gpu, false);
+          cpu::grouped_matmul_backward(cpu_ctx(), x.cpu, w.cpu, o.cpu, dy.cpu, none, dwo.cpu, false);
+          check("grouped_matmul_backward", std::string("dw overwrite ") + dt_name(gdt) + " " + tg, dwo,
+                gdt == DType::kBF16 ? kTolBf16 : 1e-5);
+        }
+      }
     }
   }
 }

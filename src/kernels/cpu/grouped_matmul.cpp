@@ -46,7 +46,7 @@ void grouped_matmul(Context& ctx, const Tensor& x, const Tensor& w, const Tensor
 }
 
 void grouped_matmul_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& offsets,
-                             const Tensor& dy, Tensor& dx, Tensor& dw) {
+                             const Tensor& dy, Tensor& dx, Tensor& dw, bool accumulate_dw) {
   require_f32(x, "grouped_matmul_backward", "x");
   require_f32(w, "grouped_matmul_backward", "w");
   require_f32(dy, "grouped_matmul_backward", "dy");
@@ -67,6 +67,10 @@ void grouped_matmul_backward(Context& ctx, const Tensor& x, const Tensor& w, con
   std::vector<float> scratch(dw_bf16 ? static_cast<size_t>(M * K) : 0);
   for (int64_t e = 0; e < E; ++e) {
     const int64_t n = off[e + 1] - off[e];
+    if (!accumulate_dw && (n == 0 || K == 0)) {  // overwrite mode: an expert with no rows gets zeros
+      if (dwp) std::fill(dwp + e * M * K, dwp + (e + 1) * M * K, 0.0f);
+      if (dwb) std::fill(dwb + e * M * K, dwb + (e + 1) * M * K, uint16_t{0});
+    }
     if (n == 0 || K == 0) continue;
     const float* ge = gp + off[e] * M;
     const float* xe = xp + off[e] * K;
@@ -84,10 +88,11 @@ void grouped_matmul_backward(Context& ctx, const Tensor& x, const Tensor& w, con
     // dW_e [M,K] += dy_e^T [M,n] x_e [n,K]
     if (M > 0) {
       float* de = dwp ? dwp + e * M * K : scratch.data();
-      if (dwb)
+      if (dwb && accumulate_dw)
         for (int64_t i = 0; i < M * K; ++i) de[i] = bf16_to_float(dwb[e * M * K + i]);
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(M), static_cast<int>(K),
-                  static_cast<int>(n), 1.0f, ge, static_cast<int>(M), xe, static_cast<int>(K), 1.0f,
+                  static_cast<int>(n), 1.0f, ge, static_cast<int>(M), xe, static_cast<int>(K),
+                  accumulate_dw ? 1.0f : 0.0f,
                   de, static_cast<int>(K));
       if (dwb)
         for (int64_t i = 0; i < M * K; ++i) dwb[e * M * K + i] = float_to_bf16(de[i]);

@@ -1,7 +1,8 @@
 // Fast bf16 causal GQA attention over packed documents on tensor cores: the op-level entry points.
 // The kernels live in attention_flash_sm90.cuh (wgmma, used on compute capability 9.0) and
 // attention_flash_sm80.cuh (mma.sync, elsewhere); attention_flash_launch.cuh launches them.
-// MT_ATTN_ARCH=sm80 forces the mma.sync kernels (read once). Both paths are deterministic.
+// MT_ATTN_ARCH=sm80 forces the mma.sync kernels (read once). Both paths are deterministic unless
+// MT_ATTN_NONDETERMINISTIC=1 (read once) lets the sm90 backward add dQ partials in arrival order.
 #include "kernels/cuda/attention_flash.cuh"
 
 #include <string>
@@ -18,6 +19,11 @@ flash::Arch arch_of(const Context& ctx) {
   static const bool force_sm80 = env_string("MT_ATTN_ARCH", "") == "sm80";
   const DeviceFacts& f = ctx.facts();
   return !force_sm80 && f.cc_major == 9 && f.cc_minor == 0 ? flash::Arch::kSm90 : flash::Arch::kSm80;
+}
+
+bool deterministic() {
+  static const bool det = env_int("MT_ATTN_NONDETERMINISTIC", 0) == 0;
+  return det;
 }
 
 void check(cudaError_t e, const char* op) {
@@ -45,7 +51,8 @@ void flash_attention_backward(Context& ctx, const FlashAttnProblem& p, const __n
   const flash::Arch arch = arch_of(ctx);
   const int sms = ctx.facts().sm_count;
   Tensor scratch = device_scratch(ctx, static_cast<int64_t>(flash::backward_workspace_bytes(p, arch, sms)));
-  check(flash::backward(p, out, lse, dout, dq, dk, dv, scratch.data_ptr(), arch, sms, stream_of(ctx)),
+  check(flash::backward(p, out, lse, dout, dq, dk, dv, scratch.data_ptr(), arch, sms, deterministic(),
+                        stream_of(ctx)),
         "attention_backward");
 }
 

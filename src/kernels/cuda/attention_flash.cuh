@@ -16,7 +16,8 @@ namespace moetrain::cuda {
 bool flash_attention_supported(int64_t d, std::initializer_list<const void*> ptrs);
 // out [T, nh, d] bf16, lse [nh, T] f32 (natural log of the scaled scores' sum of exponentials).
 void flash_attention_forward(Context& ctx, const FlashAttnProblem& p, __nv_bfloat16* out, float* lse);
-// dq [T, nh, d], dk/dv [T, nkv, d] bf16; deterministic (no atomics); uses device workspace.
+// dq [T, nh, d], dk/dv [T, nkv, d] bf16; bitwise deterministic unless MT_ATTN_NONDETERMINISTIC=1
+// (sm90 only); uses device workspace.
 void flash_attention_backward(Context& ctx, const FlashAttnProblem& p, const __nv_bfloat16* out,
                               const float* lse, const __nv_bfloat16* dout, __nv_bfloat16* dq,
                               __nv_bfloat16* dk, __nv_bfloat16* dv);

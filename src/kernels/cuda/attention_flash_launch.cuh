@@ -1,6 +1,7 @@
 // Host-side launchers of the fast bf16 attention kernels, free of project dependencies so that
 // attention_flash.cu (the op) and bench/standalone/attn_bench.cu (the GPU harness) run the same
-// code: sm90 (wgmma, attention_flash_sm90.cuh) on compute capability 9.0, else sm80 (mma.sync).
+// code: sm90 (wgmma, attention_flash_sm90.cuh; fused backward in attention_flash_sm90_bwd.cuh) on
+// compute capability 9.0, else sm80 (mma.sync).
 // Functions return the first CUDA error instead of throwing; the caller checks.
 #pragma once
 #include <cuda_bf16.h>
@@ -10,7 +11,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/attention_flash_problem.cuh"
-#include "kernels/cuda/attention_flash_sm90.cuh"
+#include "kernels/cuda/attention_flash_sm90_bwd.cuh"
 
 namespace moetrain::cuda {
 
@@ -24,6 +25,8 @@ struct Sm90Knobs {
   int fwd_key_tile = 128;   // 128 beat 64 by 10-13% (T 4096 / 8192)
   int dq_key_tile = 128;    // 128 beat 64 by 1-2% despite a 96-byte spill
   int kv_ctas_per_sm = 6;   // 6 beat 2-3 by 5-7%: finer head splits balance the causal tail
+  int bwd_fused = 1;        // 1: fused 5-GEMM backward (attention_flash_sm90_bwd.cuh); 0: dQ + dK/dV kernels
+  int fused_ctas_per_sm = 12;  // fused backward: 12 beat 6 by 1.6% at T 8192 (8 head splits, not 4)
 };
 inline Sm90Knobs& sm90_knobs() {
   static Sm90Knobs k;
@@ -83,12 +86,14 @@ inline cudaError_t forward(const FlashAttnProblem& p, bf16* out, float* lse, Arc
   return p.d == 128 ? forward_d<128>(p, out, lse, arch, s) : forward_d<64>(p, out, lse, arch, s);
 }
 
+inline bool fused_backward(Arch arch) { return arch == Arch::kSm90 && sm90_knobs().bwd_fused != 0; }
 // Number of head splits of the dK/dV grid: the group's heads are divided over CTAs until the grid
-// has about 4 CTAs per SM (sm80, 64 keys per CTA) or sm90_knobs().kv_ctas_per_sm (sm90, 128 keys).
+// has about 4 CTAs per SM (sm80, 64 keys per CTA) or the sm90 knob's count (128 keys per CTA).
 inline int64_t backward_splits(const FlashAttnProblem& p, Arch arch, int sm_count) {
   const int64_t keys = arch == Arch::kSm90 ? kWgBM : kKvBN;
   const int64_t kv_tiles = (p.T + keys - 1) / keys, group = p.nh / p.nkv;
-  const int64_t want = (arch == Arch::kSm90 ? sm90_knobs().kv_ctas_per_sm : 4) * std::max(1, sm_count > 0 ? sm_count : 132);
+  const int per_sm = arch == Arch::kSm80 ? 4 : fused_backward(arch) ? sm90_knobs().fused_ctas_per_sm : sm90_knobs().kv_ctas_per_sm;
+  const int64_t want = per_sm * std::max(1, sm_count > 0 ? sm_count : 132);
   int64_t splits = 1;
   while (splits < group && kv_tiles * p.nkv * splits < want) {
     int64_t nx = splits + 1;
@@ -98,27 +103,79 @@ inline int64_t backward_splits(const FlashAttnProblem& p, Arch arch, int sm_coun
   return splits;
 }
 
-// Bytes of device workspace flash backward needs: D [nh, T] and the dK/dV partials, all f32.
+// Device workspace of flash backward, f32 unless noted, each part 256-byte aligned: D [nh, T]; the
+// dK/dV partials [splits, T, nkv, d] twice; for the fused sm90 path also dq_acc [nh, T, d] and the
+// i32 dQ counters [nh, ceil(T / 64)], the CTA ticket and jb_lo [ceil(T / 64)].
+struct BwdWorkspace {
+  size_t dsum, part_k, part_v, dq_acc, sems, bytes;
+  int64_t splits, ncounters;
+};
+inline size_t align256(size_t x) { return (x + 255) & ~static_cast<size_t>(255); }
+inline BwdWorkspace backward_workspace(const FlashAttnProblem& p, Arch arch, int sm_count) {
+  BwdWorkspace w{};
+  w.splits = backward_splits(p, arch, sm_count);
+  const size_t n_kv = static_cast<size_t>(w.splits * p.T * p.nkv * p.d) * 4;
+  w.part_k = align256(static_cast<size_t>(p.nh * p.T) * 4);
+  w.part_v = w.part_k + align256(n_kv);
+  w.dq_acc = w.part_v + align256(n_kv);
+  w.sems = w.dq_acc;
+  if (fused_backward(arch)) {
+    w.sems = w.dq_acc + align256(static_cast<size_t>(p.nh * p.T * p.d) * 4);
+    w.ncounters = p.nh * ((p.T + kDqRows - 1) / kDqRows) + 1;
+  }
+  const int64_t nqt = fused_backward(arch) ? (p.T + kDqRows - 1) / kDqRows : 0;
+  w.bytes = w.sems + align256(static_cast<size_t>(w.ncounters + nqt) * 4);
+  return w;
+}
 inline size_t backward_workspace_bytes(const FlashAttnProblem& p, Arch arch, int sm_count) {
-  const int64_t splits = backward_splits(p, arch, sm_count);
-  return static_cast<size_t>(p.nh * p.T + 2 * splits * p.T * p.nkv * p.d) * 4;
+  return backward_workspace(p, arch, sm_count).bytes;
+}
+
+// Fused sm90 backward: prep (D, counters), the 5-GEMM kernel over a 1-D grid of tickets, finish.
+template <int kD>
+cudaError_t backward_fused_d(FlashArgs a, float* dsum, const BwdWorkspace& w, bf16* dk, bf16* dv, bool deterministic,
+                             int sm_count, cudaStream_t s) {
+  a.deterministic = deterministic ? 1 : 0;
+  const int64_t rows = a.T * a.nh;
+  const unsigned prep_blocks = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((rows + 7) / 8, 16 * std::max(sm_count, 1))));
+  int* jb_lo = a.sems + w.ncounters;
+  a.jb_lo = jb_lo;
+  attn_bwd_prep_kernel<kD><<<prep_blocks, 256, 0, s>>>(a, dsum, jb_lo, w.ncounters, deterministic ? 0 : 1);
+  MT_FLASH_TRY(cudaGetLastError());
+  MT_FLASH_TRY(set_smem(attn_bwd_fused_wgmma_kernel<kD>, bwd_fused_smem<kD>()));
+  const int64_t ctas = (a.T + kWgBM - 1) / kWgBM * a.nkv * w.splits;
+  attn_bwd_fused_wgmma_kernel<kD><<<static_cast<unsigned>(ctas), kWgThreads, bwd_fused_smem<kD>(), s>>>(a);
+  MT_FLASH_TRY(cudaGetLastError());
+  const int64_t n4 = a.T * (a.nkv + a.nh) * kD / 4;
+  const unsigned blocks = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((n4 + 255) / 256, 32 * std::max(sm_count, 1))));
+  attn_bwd_finish_kernel<kD><<<blocks, 256, 0, s>>>(a, static_cast<int>(w.splits), dk, dv);
+  return cudaGetLastError();
 }
 
 template <int kD>
 cudaError_t backward_d(const FlashAttnProblem& p, const bf16* o, const float* lse, const bf16* dout, bf16* dq,
-                       bf16* dk, bf16* dv, void* workspace, Arch arch, int sm_count, cudaStream_t s) {
+                       bf16* dk, bf16* dv, void* workspace, Arch arch, int sm_count, bool deterministic,
+                       cudaStream_t s) {
   FlashArgs a = base_args(p);
   a.o = o;
   a.lse = lse;
   a.dout = dout;
   a.dq = dq;
-  const int64_t splits = backward_splits(p, arch, sm_count);
+  const BwdWorkspace w = backward_workspace(p, arch, sm_count);
+  const int64_t splits = w.splits;
   a.heads_per_cta = static_cast<int>(a.group / splits);
   const int64_t n_kv = p.T * p.nkv * kD;
-  float* dsum = static_cast<float*>(workspace);
+  char* ws = static_cast<char*>(workspace);
+  float* dsum = reinterpret_cast<float*>(ws + w.dsum);
   a.dsum = dsum;
-  a.part_k = dsum + p.nh * p.T;
-  a.part_v = a.part_k + splits * n_kv;
+  a.part_k = reinterpret_cast<float*>(ws + w.part_k);
+  a.part_v = reinterpret_cast<float*>(ws + w.part_v);
+  if (fused_backward(arch)) {
+    a.dq_acc = reinterpret_cast<float*>(ws + w.dq_acc);
+    a.sems = reinterpret_cast<int*>(ws + w.sems);
+    a.ticket = a.sems + (w.ncounters - 1);
+    return backward_fused_d<kD>(a, dsum, w, dk, dv, deterministic, sm_count, s);
+  }
   attn_dot_kernel<kD><<<static_cast<unsigned>((p.T * p.nh + 7) / 8), 256, 0, s>>>(a, dsum);
   MT_FLASH_TRY(cudaGetLastError());
   if (arch == Arch::kSm90) {
@@ -154,10 +211,13 @@ cudaError_t backward_d(const FlashAttnProblem& p, const bf16* o, const float* ls
   return cudaGetLastError();
 }
 
+// deterministic = false lets the fused sm90 path add dQ partials in any order (bitwise results
+// may then vary between runs); the other paths are always deterministic.
 inline cudaError_t backward(const FlashAttnProblem& p, const bf16* o, const float* lse, const bf16* dout, bf16* dq,
-                            bf16* dk, bf16* dv, void* workspace, Arch arch, int sm_count, cudaStream_t s) {
-  return p.d == 128 ? backward_d<128>(p, o, lse, dout, dq, dk, dv, workspace, arch, sm_count, s)
-                    : backward_d<64>(p, o, lse, dout, dq, dk, dv, workspace, arch, sm_count, s);
+                            bf16* dk, bf16* dv, void* workspace, Arch arch, int sm_count, bool deterministic,
+                            cudaStream_t s) {
+  return p.d == 128 ? backward_d<128>(p, o, lse, dout, dq, dk, dv, workspace, arch, sm_count, deterministic, s)
+                    : backward_d<64>(p, o, lse, dout, dq, dk, dv, workspace, arch, sm_count, deterministic, s);
 }
 
 #undef MT_FLASH_TRY

@@ -30,8 +30,13 @@ struct FlashArgs {
   const int32_t* cu;
   bf16 *out, *dq;
   float *lse_out, *part_k, *part_v;
+  float* dq_acc;     // sm90 fused backward: f32 dQ accumulator [nh][T][d]
+  int* sems;         // sm90 fused backward: per (head, 64-query tile) count of key blocks added
+  int* ticket;       // sm90 fused backward: CTA work counter (zeroed by the prep kernel)
+  const int* jb_lo;  // sm90 fused backward: per 64-query tile, the first key block (128) adding to it
   int64_t T, nh, nkv, group;
   int ndocs, heads_per_cta;
+  int deterministic;  // sm90 fused backward: 1 adds dQ partials in key-block order, 0 in any order
   float scale;
 };
 

@@ -186,12 +186,12 @@ void grouped_matmul_backward_ex(Context& ctx, const Tensor& x, const Tensor& w, 
                                 const Tensor& dy, Tensor& dx, Tensor& dw, bool dw_accumulate);
 
 void grouped_matmul_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& offsets,
-                             const Tensor& dy, Tensor& dx, Tensor& dw) {
-  grouped_matmul_backward_ex(ctx, x, w, offsets, dy, dx, dw, true);
+                             const Tensor& dy, Tensor& dx, Tensor& dw, bool accumulate_dw) {
+  grouped_matmul_backward_ex(ctx, x, w, offsets, dy, dx, dw, accumulate_dw);
 }
 
 // grouped_matmul_backward with the dW mode explicit: dw_accumulate false writes dw = dy_e^T x_e
-// (dw is not read; experts without rows get zeros). Not in cuda_ops.h yet: the lead wires it.
+// (dw is not read; experts without rows get zeros).
 void grouped_matmul_backward_ex(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& offsets,
                                 const Tensor& dy, Tensor& dx, Tensor& dw, bool dw_accumulate) {
   const char* op = "grouped_matmul_backward";

@@ -156,6 +156,12 @@ TEST(GroupedMatmul, BackwardFiniteDifferencesAndAccumulation) {
   ops::grouped_matmul_backward(ctx, xt, wt, offt, tensor(rw, {N, M}), none, dw);
   for (int64_t i = 0; i < E * M * K; ++i) gw[i] += gw[i] - dw0[i];
   expect_close(dw, gw, 1e-5, 1e-5, "grouped dw twice");
+  // Overwrite mode: a poisoned dw is fully written, the empty experts 1 and 3 with zeros.
+  Tensor dwo = poisoned({E, M, K});
+  ops::grouped_matmul_backward(ctx, xt, wt, offt, tensor(rw, {N, M}), none, dwo, /*accumulate_dw=*/false);
+  for (int64_t i = 0; i < E * M * K; ++i) gw[i] = (gw[i] - dw0[i]) / 2;  // one pass, no initial value
+  expect_close(dwo, gw, 1e-5, 1e-5, "grouped dw overwrite");
+  for (int64_t i = M * K; i < 2 * M * K; ++i) EXPECT_EQ(dwo.get(i), 0.0) << "expert 1 has no rows";
 
   Tensor bad_off = ints({0, 3, 2, 7, 7}, {E + 1});
   EXPECT_THROW(ops::grouped_matmul(ctx, xt, wt, bad_off, y), Error);
