@@ -34,6 +34,7 @@ struct KernelBenchOptions {
   int64_t doc = 1024;         // packed-document length of the second attention case
   int reps = 10, warmup = 3;
   double ceiling_tflops = 0;  // for "% of the GEMM ceiling" (0: not reported)
+  std::vector<int64_t> ce_chunks;  // loss-head rows per chunk to time (empty: the model's default)
 };
 
 // Grouped GEMM gate_up/down (fwd, dx, dW; random top-k routing), attention fwd/bwd (one document

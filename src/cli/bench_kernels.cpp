@@ -14,6 +14,7 @@
 #include "core/tensor.h"
 #include "kernels/ops.h"
 #include "model/loss_head.h"
+#include "model/qwen3_model.h"
 
 namespace moetrain::cli {
 
@@ -171,14 +172,28 @@ void bench_loss_head(Context& ctx, const ModelConfig& mc, const KernelBenchOptio
   Tensor dx = Tensor::empty({T, H}, dt, ctx.device()), dw = Tensor::zeros({V, H}, DType::kF32, ctx.device());
   Tensor nll = Tensor::empty({T}, DType::kF32, ctx.device()), lse = Tensor::empty({T}, DType::kF32, ctx.device());
   const double f = 6.0 * static_cast<double>(T) * static_cast<double>(V) * static_cast<double>(H);
-  // The model's path: chunks of 256 MiB of logits (ModelOptions' default), dlogits in place.
-  const int64_t chunk = loss_head_chunk_rows(T, V, dt, 0, size_t{256} << 20);
-  auto chunked = [&] {
-    LossHeadIO io;
-    io.nll = nll, io.lse = lse, io.dx = dx, io.dw = dw;
-    loss_head(ctx, x, w, labels, weights, chunk, io);
-  };
+  // The model's path: chunks of ModelOptions' default size (or --ce-chunks), dlogits in place. Each
+  // is timed adding to the lm_head gradient (a later micro-batch) and writing it (a step's first).
+  std::vector<int64_t> chunks = o.ce_chunks;
+  if (chunks.empty()) chunks.push_back(loss_head_chunk_rows(T, V, dt, 0, ModelOptions{}.ce_chunk_bytes));
+  const std::string tag = fmt::format("loss head T{} H{} V{}", T, H, V);
+  for (const int64_t c : chunks) {
+    const int64_t chunk = loss_head_chunk_rows(T, V, dt, c, 0);
+    for (const bool first : {false, true}) {
+      auto chunked = [&] {
+        LossHeadIO io;
+        io.nll = nll, io.lse = lse, io.dx = dx, io.dw = dw, io.dw_overwrite = first;
+        loss_head(ctx, x, w, labels, weights, chunk, io);
+      };
+      const double pc = peak_extra_bytes(ctx, chunked);
+      const std::string rtag = chunks.size() > 1 ? fmt::format(".r{}", chunk) : "";  // keys stay unique
+      rows.add("loss_head.chunked" + rtag + (first ? ".write" : ""),
+               fmt::format("{} chunked ({} rows/chunk) fwd+bwd, dW {}", tag, chunk, first ? "written" : "+="),
+               median_ms(ctx, o.warmup, o.reps, chunked), f, pc);
+    }
+  }
   // Unfused: the whole [T,V] logits, CE forward, dlogits [T,V], then the two GEMMs.
+  bool first = false;
   auto unfused = [&] {
     Tensor logits = Tensor::empty({T, V}, dt, ctx.device(), MemCategory::kWorkspace);
     ops::matmul(ctx, x, Trans::kNo, w, Trans::kYes, logits);
@@ -186,13 +201,15 @@ void bench_loss_head(Context& ctx, const ModelConfig& mc, const KernelBenchOptio
     Tensor dlogits = Tensor::empty({T, V}, dt, ctx.device(), MemCategory::kWorkspace);
     ops::cross_entropy_backward(ctx, logits, labels, weights, lse, 1.0f, dlogits);
     ops::matmul(ctx, dlogits, Trans::kNo, w, Trans::kNo, dx);
-    ops::matmul(ctx, dlogits, Trans::kYes, x, Trans::kNo, dw, 1.0f, 1.0f);
+    ops::matmul(ctx, dlogits, Trans::kYes, x, Trans::kNo, dw, 1.0f, first ? 0.0f : 1.0f);
   };
-  const std::string tag = fmt::format("loss head T{} H{} V{}", T, H, V);
-  const double pc = peak_extra_bytes(ctx, chunked), pu = peak_extra_bytes(ctx, unfused);
-  rows.add("loss_head.chunked", fmt::format("{} chunked ({} rows/chunk) fwd+bwd", tag, chunk),
-           median_ms(ctx, o.warmup, o.reps, chunked), f, pc);
-  rows.add("loss_head.unfused", tag + " unfused GEMM+CE fwd+bwd", median_ms(ctx, o.warmup, o.reps, unfused), f, pu);
+  for (const bool f1 : {false, true}) {
+    first = f1;
+    const double pu = peak_extra_bytes(ctx, unfused);
+    rows.add(first ? "loss_head.unfused.write" : "loss_head.unfused",
+             fmt::format("{} unfused GEMM+CE fwd+bwd, dW {}", tag, first ? "written" : "+="),
+             median_ms(ctx, o.warmup, o.reps, unfused), f, pu);
+  }
 }
 
 }  // namespace

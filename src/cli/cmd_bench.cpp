@@ -44,6 +44,7 @@ struct BenchOptions {
   std::string json_path;
   double peak_tflops = 0;
   int64_t kernel_tokens = 0, kernel_doc = 1024, gemm_size = 0;
+  std::vector<int64_t> ce_chunks;
   int reps = 0;
 };
 
@@ -282,6 +283,8 @@ int run_bench(int argc, char** argv) {
   app.add_flag("--no-steps", o.no_steps, "skip the training steps (with --kernels: microbenchmarks only)");
   app.add_option("--kernel-tokens", o.kernel_tokens, "tokens of the kernel cases (default: --seq)");
   app.add_option("--kernel-doc", o.kernel_doc, "document length of the packed attention case")->capture_default_str();
+  app.add_option("--ce-chunks", o.ce_chunks, "loss-head rows per chunk to time, comma separated (default: the model's)")
+      ->delimiter(',')->check(CLI::PositiveNumber);
   app.add_option("--reps", o.reps, "timed repetitions per kernel case (default 10 on the GPU, 3 on the CPU)");
   app.add_option("--gemm-size", o.gemm_size, "n of the n^3 GEMM ceiling (default 8192 on the GPU, 256 on the CPU)");
   app.add_option("--json", o.json_path, "write every result to this JSON file");
@@ -397,6 +400,7 @@ int run_bench(int argc, char** argv) {
     KernelBenchOptions ko;
     ko.tokens = o.kernel_tokens > 0 ? o.kernel_tokens : o.seq;
     ko.doc = o.kernel_doc;
+    ko.ce_chunks = o.ce_chunks;
     ko.reps = o.reps > 0 ? o.reps : (dev.is_cuda() ? 10 : 3);
     ko.warmup = dev.is_cuda() ? 3 : 1;
     ko.ceiling_tflops = ceiling;

@@ -455,10 +455,13 @@ void grouped_matmul(Context& ctx, const Tensor& x, const Tensor& w, const Tensor
 }
 
 void grouped_matmul_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& offsets,
-                             const Tensor& dy, Tensor& dx, Tensor& dw, bool accumulate_dw) {
+                             const Tensor& dy, Tensor& dx, Tensor& dw, bool accumulate_dw, Tensor* dw_sum_squares) {
   const char* op = "grouped_matmul_backward";
+  static const Tensor kNone;
+  const Tensor& ss = dw_sum_squares ? *dw_sum_squares : kNone;
   const Device dev = device_of(ctx, op, {{x, "x"}, {w, "w"}, {offsets, "offsets"}, {dy, "dy"}, {dx, "dx"},
-                                         {dw, "dw"}});
+                                         {dw, "dw"}, {ss, "dw_sum_squares"}});
+  if (dw_sum_squares) expect(ss, {1}, DType::kF64, op, "dw_sum_squares");
   expect_float(x, {-1, -1}, op, "x");
   expect_float(w, {-1, -1, x.size(1)}, op, "w");
   check_same_dtype(w, x, op, "w", "x");
@@ -468,7 +471,7 @@ void grouped_matmul_backward(Context& ctx, const Tensor& x, const Tensor& w, con
   check_shape(dw, w.shape(), op, "dw");
   MT_CHECK(dw.dtype() == DType::kF32 || dw.dtype() == DType::kBF16, "[{}] dw is {}, expected f32 or bf16", op,
            dtype_name(dw.dtype()));
-  MT_DISPATCH(dev, grouped_matmul_backward, ctx, x, w, offsets, dy, dx, dw, accumulate_dw);
+  MT_DISPATCH(dev, grouped_matmul_backward, ctx, x, w, offsets, dy, dx, dw, accumulate_dw, dw_sum_squares);
 }
 
 // ---- cross-entropy -------------------------------------------------------------------------

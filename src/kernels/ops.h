@@ -131,9 +131,12 @@ void grouped_matmul(Context& ctx, const Tensor& x /*[N,K]*/, const Tensor& w /*[
 // (experts with no rows are left untouched).
 void grouped_matmul_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& offsets,
                              const Tensor& dy /*[N,M]*/, Tensor& dx /*[N,K]*/,
-                             Tensor& dw /*[E,M,K] f32|bf16, +=*/, bool accumulate_dw = true);
+                             Tensor& dw /*[E,M,K] f32|bf16, +=*/, bool accumulate_dw = true,
+                             Tensor* dw_sum_squares = nullptr /*[1] f64, +=*/);
 // accumulate_dw = false overwrites instead: dw[e] = dy_e^T x_e, and zeros for experts without rows
 // (the first micro-batch of a step, so the gradient needs no zeroing and no read).
+// dw_sum_squares: when given, the sum of squares of dw's final values (as stored) is added to it,
+// as sum_squares_accumulate(dw) would (the gradient norm, without a second read of dw on Hopper).
 
 // ---- cross-entropy over a large vocabulary ------------------------------------------------
 // losses[t] = weights[t] * (lse[t] - logits[t, labels[t]]), 0 where labels[t] == -100.

@@ -154,7 +154,8 @@ void dense_ffn_backward(Context& ctx, const LayerParams& w, LayerParams& g, cons
 }
 
 void moe_ffn_backward(Context& ctx, const ModelConfig& cfg, const LayerParams& w, LayerParams& g,
-                      const LayerActs& s, const RouterLossGrad& rg, const Tensor& dy, Tensor& db, float gb) {
+                      const LayerActs& s, const RouterLossGrad& rg, const Tensor& dy, Tensor& db, float gb,
+                      Tensor* grad_sums) {
   const int64_t T = s.b.size(0), H = cfg.hidden_size, E = cfg.num_experts;
   const int64_t k = cfg.num_experts_per_tok, I = cfg.moe_intermediate_size;
   const DType dt = s.b.dtype();
@@ -163,13 +164,15 @@ void moe_ffn_backward(Context& ctx, const ModelConfig& cfg, const LayerParams& w
   Tensor dtopk_w = work_empty({T, k}, DType::kF32, dev);
   ops::moe_unpermute_backward(ctx, dy, s.yp, s.row_of, s.topk_w, dyp, dtopk_w);
   Tensor dact = work_empty({T * k, I}, dt, dev);
-  ops::grouped_matmul_backward(ctx, s.act, w.experts_down, s.offsets, dyp, dact, g.experts_down, gb != 0.0f);
+  ops::grouped_matmul_backward(ctx, s.act, w.experts_down, s.offsets, dyp, dact, g.experts_down, gb != 0.0f,
+                               grad_sums);
   dyp = Tensor();
   Tensor dgu = work_empty({T * k, 2 * I}, dt, dev);
   ops::swiglu_backward(ctx, s.gu, dact, dgu);
   dact = Tensor();
   Tensor dxp = work_empty({T * k, H}, dt, dev);
-  ops::grouped_matmul_backward(ctx, s.xp, w.experts_gate_up, s.offsets, dgu, dxp, g.experts_gate_up, gb != 0.0f);
+  ops::grouped_matmul_backward(ctx, s.xp, w.experts_gate_up, s.offsets, dgu, dxp, g.experts_gate_up, gb != 0.0f,
+                               grad_sums);
   dgu = Tensor();
   ops::moe_permute_backward(ctx, dxp, s.row_of, db);
 
@@ -250,14 +253,14 @@ Tensor decoder_layer_forward(Context& ctx, const ModelConfig& cfg, const LayerPa
 
 void decoder_layer_backward(Context& ctx, const ModelConfig& cfg, const LayerParams& w, LayerParams& g,
                             const Batch& batch, const LayerActs& s, const RouterLossGrad& rg, Tensor& dout,
-                            bool overwrite_grads) {
+                            bool overwrite_grads, Tensor* expert_grad_sums) {
   const float gb = overwrite_grads ? 0.0f : 1.0f;  // beta of the matrix-gradient GEMMs
   const int64_t T = s.x.size(0), H = cfg.hidden_size;
   MT_CHECK(s.x.defined() && s.b.defined(), "[decoder_layer] backward without saved activations");
   check_shape(dout, {T, H}, "decoder_layer", "dout");
   Tensor db = work_empty({T, H}, s.b.dtype(), s.b.device());
   if (w.sparse) {
-    moe_ffn_backward(ctx, cfg, w, g, s, rg, dout, db, gb);
+    moe_ffn_backward(ctx, cfg, w, g, s, rg, dout, db, gb, expert_grad_sums);
   } else {
     dense_ffn_backward(ctx, w, g, s, dout, db, gb);
   }

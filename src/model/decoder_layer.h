@@ -61,10 +61,11 @@ Tensor decoder_layer_forward(Context& ctx, const ModelConfig& cfg, const LayerPa
 // Backward: `dout` [T,H] holds d(loss)/d(layer output) on entry and d(loss)/d(layer input) on
 // return. Parameter gradients accumulate into `g` (f32, same structure as `w`).
 // overwrite_grads: the matrix gradients are written (beta 0) instead of accumulated; norm weight
-// gradients are always accumulated.
+// gradients are always accumulated. expert_grad_sums ([1] f64, MoE layers): when given, the sums of
+// squares of the two expert weight gradients (as stored after this pass) are added to it.
 void decoder_layer_backward(Context& ctx, const ModelConfig& cfg, const LayerParams& w, LayerParams& g,
                             const Batch& batch, const LayerActs& s, const RouterLossGrad& rg, Tensor& dout,
-                            bool overwrite_grads = false);
+                            bool overwrite_grads = false, Tensor* expert_grad_sums = nullptr);
 
 // Recompute::kSelective: drop the [S] fields of LayerActs after forward, and rebuild them (as
 // activations) before backward.

@@ -12,8 +12,8 @@
 
 namespace moetrain {
 
-// Rows per chunk: `chunk_tokens` when > 0, else as many rows as fit `chunk_bytes` of logits in
-// the compute dtype (at least 1); never more than T.
+// Rows per chunk: `chunk_tokens` when > 0, else the fewest chunks whose logits fit `chunk_bytes`
+// each in the compute dtype, split evenly over T (at least 1 row); never more than T.
 int64_t loss_head_chunk_rows(int64_t T, int64_t V, DType dt, int64_t chunk_tokens, size_t chunk_bytes);
 
 struct LossHeadIO {

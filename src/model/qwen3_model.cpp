@@ -223,7 +223,11 @@ ForwardResult Qwen3Model::run_forward_(Context& ctx, const Batch& batch, Pass pa
   }
   const int64_t E = cfg.num_experts;
   const Device dev = params_.embed.device();
-  if (pass == Pass::kTrain) overwrite_pass_ = std::exchange(overwrite_next_, false);
+  if (pass == Pass::kTrain) {
+    overwrite_pass_ = std::exchange(overwrite_next_, false);
+    sums_pass_ = std::exchange(sums_next_, false);
+    sums_valid_ = false;  // the gradients are about to change
+  }
   stats_ = Tensor::zeros({1 + num_sparse_ * stats_stride(E)}, DType::kF32, dev, MemCategory::kActivations);
   if (num_sparse_ > 0) aux_counts_total_ = Tensor::zeros({E}, DType::kF32, dev, MemCategory::kActivations);
   ForwardResult res;
@@ -325,8 +329,12 @@ void Qwen3Model::backward(Context& ctx, ModelParams& grads) {
   LayerSettings set;
   set.z_loss = opts_.zloss_coef != 0.0f;
   const int64_t E = cfg.num_experts;
+  sums_.grads.clear();
+  if (sums_pass_) sums_.sum = Tensor::zeros({1}, DType::kF64, dev, MemCategory::kWorkspace);
   for (int64_t l = cfg.num_hidden_layers - 1; l >= 0; --l) {
     const LayerParams& w = params_.layers[l];
+    Tensor* sums = sums_pass_ && w.sparse ? &sums_.sum : nullptr;
+    if (sums) sums_.grads.push_back(grads.layers[l].experts_down), sums_.grads.push_back(grads.layers[l].experts_gate_up);
     RouterLossGrad rg;
     if (w.sparse) {
       if (opts_.aux_type == AuxLossType::kGlobal) {
@@ -343,20 +351,20 @@ void Qwen3Model::backward(Context& ctx, ModelParams& grads) {
     }
     switch (opts_.recompute) {
       case Recompute::kNone:
-        decoder_layer_backward(ctx, cfg, w, grads.layers[l], batch_, acts_[l], rg, dh, overwrite_pass_);
+        decoder_layer_backward(ctx, cfg, w, grads.layers[l], batch_, acts_[l], rg, dh, overwrite_pass_, sums);
         break;
       case Recompute::kSelective: {
         LayerActs s = acts_[l];
         acts_[l].clear();
         restore_recomputed(ctx, cfg, w, batch_, s);
-        decoder_layer_backward(ctx, cfg, w, grads.layers[l], batch_, s, rg, dh, overwrite_pass_);
+        decoder_layer_backward(ctx, cfg, w, grads.layers[l], batch_, s, rg, dh, overwrite_pass_, sums);
         break;
       }
       case Recompute::kFull: {
         LayerActs s;
         decoder_layer_forward(ctx, cfg, w, batch_, acts_[l].x, set, s);
         acts_[l].clear();
-        decoder_layer_backward(ctx, cfg, w, grads.layers[l], batch_, s, rg, dh, overwrite_pass_);
+        decoder_layer_backward(ctx, cfg, w, grads.layers[l], batch_, s, rg, dh, overwrite_pass_, sums);
         break;
       }
     }
@@ -364,6 +372,7 @@ void Qwen3Model::backward(Context& ctx, ModelParams& grads) {
   }
   ops::embedding_backward(ctx, batch_.tokens, dh, grads.embed);
   overwrite_pass_ = false;
+  sums_valid_ = std::exchange(sums_pass_, false);
   release();
 }
 

@@ -93,6 +93,17 @@ class Qwen3Model {
   // leaves alone) instead of adding to them: no zeroing and no read of the old values. Set it after
   // zero_gradients(grads, /*matrices=*/false); the next forward(kTrain) consumes it.
   void set_overwrite_matrix_grads() { overwrite_next_ = true; }
+  // The next training pass also sums the squares of the expert weight gradients as the grouped
+  // GEMM writes them (on Hopper, in the kernel's epilogue: the gradient norm without a second
+  // read of 97% of a MoE model's gradients). Call it before a step's last micro-batch; until the
+  // next training pass, grad_sum_squares() then gives the sum ([1] f64 on the device) and the
+  // gradients it covers.
+  struct GradSumSquares {
+    Tensor sum;
+    std::vector<Tensor> grads;
+  };
+  void request_grad_sum_squares() { sums_next_ = true; }
+  const GradSumSquares* grad_sum_squares() const { return sums_valid_ ? &sums_ : nullptr; }
   // Forward only: log p(label_t | prefix) per token [T] f32, 0 where label_t == -100 (DPO, eval).
   // No host read.
   Tensor token_logprobs(Context& ctx, const Batch& batch);
@@ -118,6 +129,8 @@ class Qwen3Model {
   bool has_saved_ = false;
   bool overwrite_next_ = false;  // set_overwrite_matrix_grads(), consumed by the next kTrain forward
   bool overwrite_pass_ = false;  // this training pass writes the matrix gradients
+  bool sums_next_ = false, sums_pass_ = false, sums_valid_ = false;  // request_grad_sum_squares()
+  GradSumSquares sums_;
   Batch batch_;
   std::vector<LayerActs> acts_;
   Tensor final_in_, final_out_, final_rstd_;  // [T,H], [T,H], [T] (head not yet differentiated)

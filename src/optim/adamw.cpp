@@ -3,6 +3,7 @@
 // are deterministic.
 #include "optim/adamw.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/log.h"
@@ -70,10 +71,27 @@ AdamW::AdamW(std::vector<OptimParam> params, const AdamWConfig& cfg) : params_(s
   }
 }
 
-double AdamW::grad_norm(Context& ctx, double scale) const {
+double AdamW::grad_norm(Context& ctx, double scale, Tensor known_sum, const std::vector<Tensor>& known_grads) const {
   Tensor acc;  // [1] f64 on the gradients' device, read once
+  std::vector<bool> known(params_.size(), false);
+  if (known_sum.defined()) {
+    MT_CHECK(known_sum.dtype() == DType::kF64 && known_sum.numel() == 1, "[adamw] known_sum is {}, expected [1] f64",
+             known_sum.desc());
+    size_t matched = 0;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (roles_[i] == ParamRole::kFrozen) continue;
+      for (const Tensor& g : known_grads)
+        if (g.data_ptr() == params_[i].grad.data_ptr() && g.numel() == params_[i].grad.numel()) {
+          known[i] = true;
+          ++matched;
+          break;
+        }
+    }
+    if (matched == known_grads.size()) acc = known_sum;
+    else std::fill(known.begin(), known.end(), false);
+  }
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (roles_[i] == ParamRole::kFrozen) continue;
+    if (roles_[i] == ParamRole::kFrozen || known[i]) continue;
     if (!acc.defined()) acc = Tensor::zeros({1}, DType::kF64, params_[i].grad.device(), MemCategory::kWorkspace);
     ops::sum_squares_accumulate(ctx, params_[i].grad, acc);
   }

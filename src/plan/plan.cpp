@@ -137,6 +137,7 @@ PlanInput PlanInput::from_config(const TrainConfig& cfg, const Hardware& hw) {
   in.seq_length = cfg.training.seq_length;
   in.global_batch_size = cfg.training.global_batch_size;
   in.recompute = parse_recompute(cfg.training.recompute_granularity);
+  in.ce_chunk_tokens = cfg.model.ce_chunk_tokens;
   in.optimizer = parse_optimizer_kind(cfg.optimizer.optimizer);
   in.layout.tp = cfg.parallel.tensor_model_parallel_size;
   in.layout.pp = cfg.parallel.pipeline_model_parallel_size;

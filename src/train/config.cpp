@@ -182,6 +182,7 @@ const std::vector<Field>& schema() {
       MT_KEY(model, moe_aux_loss_coeff, "load-balancing loss coefficient (HF router_aux_loss_coef)"),
       MT_KEY(model, moe_z_loss_coeff, "router z-loss coefficient (ST-MoE); 0 disables"),
       MT_KEY(model, moe_aux_loss_type, "global (HF: statistics over all sparse layers) or per_layer (Megatron: per layer, averaged)"),
+      MT_KEY(model, ce_chunk_tokens, "tokens per loss-head logits chunk (0: as many as fit 256 MiB; more is faster, see docs/performance.md)"),
       MT_KEY(data, data_path, "training data: chat/text JSONL files or prepared dataset prefixes"),
       MT_KEY(data, valid_data_path, "held-out data; empty: take the validation split from data_path"),
       MT_KEY(data, split, "Megatron-style train,valid,test weights used when valid_data_path is empty"),
@@ -391,6 +392,8 @@ void TrainConfig::validate() const {
            s, sources);
   MT_CHECK(model.num_layers >= 0, "[config] {}: model.num_layers must be >= 0, got {}", s, model.num_layers);
   MT_CHECK(model.init_method_std > 0, "[config] {}: model.init_method_std must be > 0", s);
+  MT_CHECK(model.ce_chunk_tokens >= 0, "[config] {}: model.ce_chunk_tokens is {}, expected >= 0 (0: the default budget)", s,
+           model.ce_chunk_tokens);
   MT_CHECK(model.moe_aux_loss_coeff >= 0 && model.moe_z_loss_coeff >= 0,
            "[config] {}: model.moe_aux_loss_coeff and moe_z_loss_coeff must be >= 0", s);
   for (const auto& p : model.freeze) validate_name_pattern(p, "model.freeze");

@@ -15,6 +15,7 @@
 
 #include "core/check.h"
 #include "core/context.h"
+#include "core/env.h"
 #include "core/log.h"
 #include "core/profiler.h"
 #include "io/atomic_dir.h"
@@ -172,6 +173,7 @@ void Trainer::setup_model_() {
   mo.aux_type = parse_aux_loss_type(cfg_.model.moe_aux_loss_type);
   mo.recompute = parse_recompute(cfg_.training.recompute_granularity);
   mo.router_stats = cfg_.logging.log_expert_load;
+  mo.ce_chunk_tokens = cfg_.model.ce_chunk_tokens;
   model_opts_ = mo;
   model_ = std::make_unique<Qwen3Model>(params_, mo);
 }
@@ -308,6 +310,9 @@ void Trainer::train_step_(int64_t step) {
   double ce = 0, aux = 0, z = 0;
   RouterAccum router;
   DpoMetrics dm;  // objective dpo: sums over the global batch's pairs
+  // The last micro-batch's backward also sums the squares of the expert gradients it writes, so
+  // the norm below need not read them again (MT_FUSED_GRAD_NORM=0 turns it off, for comparisons).
+  static const bool fused_norm = env_int("MT_FUSED_GRAD_NORM", 1) != 0;
   if (dpo_) {
     // All micro-batches first, so that each pair weighs 1 / (pairs of the global batch).
     std::vector<PairBatch> pbs(static_cast<size_t>(accum_));
@@ -322,6 +327,7 @@ void Trainer::train_step_(int64_t step) {
     }
     const double pair_scale = 1.0 / static_cast<double>(std::max<int64_t>(pairs, 1));
     for (auto& pb : pbs) {
+      if (fused_norm && &pb == &pbs.back()) model_->request_grad_sum_squares();
       DpoMicroResult r = dpo_->forward_backward(ctx_, *model_, grads_, pb, pair_scale);
       dm.merge(r.metrics);
       aux += r.forward.aux, z += r.forward.z;
@@ -340,6 +346,7 @@ void Trainer::train_step_(int64_t step) {
     const float scale = 1.0f / static_cast<float>(std::max<int64_t>(trained, 1));
     const ProfileScope region(ctx_, "forward_backward", ProfileKind::kRegion);
     for (const auto& mb : mbs) {
+      if (fused_norm && &mb == &mbs.back()) model_->request_grad_sum_squares();
       ForwardResult r = model_->forward_backward(ctx_, to_batch(mb, scale, device_), grads_);
       ce += r.ce, aux += r.aux, z += r.z;
       router.add(r.router);
@@ -351,7 +358,8 @@ void Trainer::train_step_(int64_t step) {
   const double loss = objective + cfg_.model.moe_aux_loss_coeff * aux + cfg_.model.moe_z_loss_coeff * z;
   const double lr = sched_.lr_at(step);
   std::optional<ProfileScope> region(std::in_place, ctx_, "grad_norm", ProfileKind::kRegion);
-  const double gnorm = opt_->grad_norm(ctx_);
+  const Qwen3Model::GradSumSquares* known = model_->grad_sum_squares();
+  const double gnorm = known ? opt_->grad_norm(ctx_, 1.0, known->sum, known->grads) : opt_->grad_norm(ctx_);
   region.reset();
   const bool finite = std::isfinite(gnorm) && std::isfinite(loss);
   const double clip = clip_coefficient(gnorm, cfg_.optimizer.clip_grad);

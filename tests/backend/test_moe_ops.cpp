@@ -207,14 +207,27 @@ TEST(Backend, GroupedMatmul) {
       cpu::grouped_matmul_backward(cpu_ctx(), x.cpu, w.cpu, o.cpu, dy.cpu, none, dw.cpu, true);
       check("grouped_matmul_backward", "dw twice " + tg, dw, 1e-5);
       // Overwrite mode (the first micro-batch of a step): dw starts as NaN and must be fully written,
-      // zeros for experts without rows; f32 and bf16 gradients.
+      // zeros for experts without rows; f32 and bf16 gradients. Each mode also sums the squares of
+      // the final dw (on Hopper in the dW epilogue): against sum_squares of the GPU's own dw (the
+      // same values: only the summation order differs) and against the CPU op's sum.
       if (dt == DType::kBF16) {
         for (DType gdt : {DType::kF32, DType::kBF16}) {
-          Pair dwo = output({E, c.M, c.K}, gdt);
-          ops::grouped_matmul_backward(gpu_ctx(), x.gpu, w.gpu, o.gpu, dy.gpu, none, dwo.gpu, false);
-          cpu::grouped_matmul_backward(cpu_ctx(), x.cpu, w.cpu, o.cpu, dy.cpu, none, dwo.cpu, false);
-          check("grouped_matmul_backward", std::string("dw overwrite ") + dt_name(gdt) + " " + tg, dwo,
-                gdt == DType::kBF16 ? kTolBf16 : 1e-5);
+          for (bool acc : {false, true}) {
+            const std::string what = std::string(acc ? "dw += " : "dw overwrite ") + dt_name(gdt) + " " + tg;
+            Pair dwo = acc ? output({E, c.M, c.K}, gdt, &init) : output({E, c.M, c.K}, gdt);
+            Tensor ssc = Tensor::zeros({1}, DType::kF64, Device::cpu());
+            ssc.data<double>()[0] = 0.5;  // the op adds to what is there
+            Tensor ssg = ssc.to(gpu_ctx().device());
+            ops::grouped_matmul_backward(gpu_ctx(), x.gpu, w.gpu, o.gpu, dy.gpu, none, dwo.gpu, acc, &ssg);
+            cpu::grouped_matmul_backward(cpu_ctx(), x.cpu, w.cpu, o.cpu, dy.cpu, none, dwo.cpu, acc, &ssc);
+            check("grouped_matmul_backward", what, dwo, gdt == DType::kBF16 ? kTolBf16 : 1e-5);
+            device_sync();
+            const double fused = ssg.to(Device::cpu()).data<double>()[0] - 0.5;
+            const double reread = ops::sum_squares(gpu_ctx(), dwo.gpu);
+            check_scalar("grouped_matmul_backward", "sum of squares, fused vs sum_squares, " + what, fused, reread, 1e-9);
+            check_scalar("grouped_matmul_backward", "sum of squares vs CPU, " + what, fused,
+                         ssc.data<double>()[0] - 0.5, gdt == DType::kBF16 ? 2 * kTolBf16 : 1e-4);
+          }
         }
       }
     }

@@ -87,7 +87,7 @@ check("attention_forward" in attr and "step - sum" in attr and "region optimizer
 
 k = {r["key"]: r for r in j["kernels"]}
 want = [f"gmm.{c}.{p}" for c in ("gate_up", "down") for p in ("fwd", "dx", "dw", "bwd")]
-want += [f"attn.{c}.{p}" for c in ("full", "packed") for p in ("fwd", "bwd")] + ["loss_head.chunked", "loss_head.unfused"]
+want += [f"attn.{c}.{p}" for c in ("full", "packed") for p in ("fwd", "bwd")] + [f"loss_head.{v}{w}" for v in ("chunked", "unfused") for w in ("", ".write")]
 check(sorted(k) == sorted(want), f"kernel keys {sorted(k)}")
 for key, r in k.items():
     check(r["ms"] >= 0 and r["flops"] > 0, f"kernel {key} values")

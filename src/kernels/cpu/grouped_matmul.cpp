@@ -46,7 +46,8 @@ void grouped_matmul(Context& ctx, const Tensor& x, const Tensor& w, const Tensor
 }
 
 void grouped_matmul_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& offsets,
-                             const Tensor& dy, Tensor& dx, Tensor& dw, bool accumulate_dw) {
+                             const Tensor& dy, Tensor& dx, Tensor& dw, bool accumulate_dw,
+                             Tensor* dw_sum_squares) {
   require_f32(x, "grouped_matmul_backward", "x");
   require_f32(w, "grouped_matmul_backward", "w");
   require_f32(dy, "grouped_matmul_backward", "dy");
@@ -99,6 +100,14 @@ void grouped_matmul_backward(Context& ctx, const Tensor& x, const Tensor& w, con
     }
   }
   if (dxp) std::fill(dxp + off[E] * K, dxp + N * K, 0.0f);
+  if (dw_sum_squares) {  // of the stored values, in element order
+    double s = 0.0;
+    for (int64_t i = 0; i < E * M * K; ++i) {
+      const double v = dwb ? bf16_to_float(dwb[i]) : dwp[i];
+      s += v * v;
+    }
+    dw_sum_squares->data<double>()[0] += s;
+  }
 }
 
 }  // namespace moetrain::cpu

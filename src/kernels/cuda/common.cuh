@@ -55,6 +55,9 @@ inline void copy_to_device(const Context& ctx, void* dst, const void* src, size_
 template <typename X>
 double reduce_to_host(Context& ctx, const X* x, int64_t n, bool square);
 
+// acc[0] += partial[0] + ... + partial[n-1] (device f64, fixed order; one small kernel).
+void add_partials_into(Context& ctx, const double* partial, int64_t n, double* acc);
+
 // 1-D grid for n elements with a grid-stride loop inside the kernel.
 inline unsigned grid_for(int64_t n, int threads = 256, int64_t cap = 65536) {
   int64_t b = (n + threads - 1) / threads;

@@ -322,6 +322,12 @@ void adamw_step(Context& ctx, Tensor& master, const Tensor& grad, Tensor& m, Ten
   check_launch(op);
 }
 
+void add_partials_into(Context& ctx, const double* partial, int64_t n, double* acc) {
+  MT_CHECK(n >= 0 && n <= INT32_MAX, "[add_partials_into] {} partials", n);
+  add_partials<<<1, 1024, 0, stream_of(ctx)>>>(partial, static_cast<int>(n), acc);
+  check_launch("add_partials_into");
+}
+
 void sum_squares_accumulate(Context& ctx, const Tensor& x, Tensor& acc) {
   const char* op = "sum_squares_accumulate";
   need_cuda(x, op, "x");

@@ -40,6 +40,7 @@ struct Args {
   int64_t ci, cj;              // output is [ci, cj] per expert (dw) or [N, cj] (rows modes)
   int ncol, nmt;               // column tiles; m tiles per expert (dw)
   void* c;
+  double* ss;                  // dw: per-tile sums of squares of the final values, or null
 };
 
 // One operand's BK-deep k slab, copied in 16-byte chunks into the 128B-swizzled layout.
@@ -295,7 +296,9 @@ struct DwCfg {
   // rows) needs a 32-byte row skew, bf16 pairs a 16-byte one.
   static constexpr int kPitch = kRowBytes + (sizeof(DwT) == 4 ? 32 : 16);
   static constexpr int kOutBytes = kBM * kPitch;
-  static constexpr int kFixed = 1024 + kOutBytes + 16 + (kMaxE + 1) * 4;
+  // After the staging tile: the mbarrier (16 B), the offsets, then 8 doubles for the tile's sum of squares.
+  static constexpr int kRedOff = kOutBytes + 16 + ((kMaxE + 1) * 4 + 7) / 8 * 8;
+  static constexpr int kFixed = 1024 + kRedOff + 8 * 8;
   // As many stages as fit (at most 8): the loads run kStages - 2 slabs ahead.
   static constexpr int kFit = (227 * 1024 - kFixed) / kStageBytes;
   static constexpr int kStages = kFit < 8 ? kFit : 8;
@@ -315,6 +318,7 @@ __global__ void __launch_bounds__(kThreads, 1) gmm_wgmma_dw_kernel(const Args g,
   unsigned char* out_p = smem_raw + (base - raw) + kS * C::kStageBytes;
   const uint32_t sout = base + kS * C::kStageBytes, bar = sout + C::kOutBytes;
   int32_t* s_off = reinterpret_cast<int32_t*>(out_p + C::kOutBytes + 16);
+  double* s_red = reinterpret_cast<double*>(out_p + C::kRedOff);
   const int tid = threadIdx.x;
   for (int i = tid; i <= g.E; i += kThreads) s_off[i] = g.off[i];
   if (tid == 0) {
@@ -413,6 +417,11 @@ __global__ void __launch_bounds__(kThreads, 1) gmm_wgmma_dw_kernel(const Args g,
         if (tid < kBM) wg::bulk_wait_read();
         __syncthreads();
       }
+      // Sum of squares of the values as stored, over the tile's in-range part (rows past ci and
+      // columns past cj of the staging tile hold stale data).
+      double ss = 0.0;
+      const int64_t col0 = ctile.j0 * BN + fcol;
+      const bool row_in[2] = {ctile.i0 + frow < g.ci, ctile.i0 + frow + 8 < g.ci};
       if constexpr (sizeof(DwT) == 4) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -427,6 +436,7 @@ __global__ void __launch_bounds__(kThreads, 1) gmm_wgmma_dw_kernel(const Args g,
               v1 = o.y + v1;
             }
             *p = make_float2(v0, v1);
+            if (g.ss && row_in[h] && col0 + 8 * j < g.cj) ss += static_cast<double>(v0) * v0 + static_cast<double>(v1) * v1;
           }
         }
       } else {
@@ -450,12 +460,31 @@ __global__ void __launch_bounds__(kThreads, 1) gmm_wgmma_dw_kernel(const Args g,
               v[2 * i + 1] = f.y + v[2 * i + 1];
             }
           }
-          wg::stmatrix_x4(rowaddr + j * 16, mma::pack_bf16(v[0], v[1]), mma::pack_bf16(v[2], v[3]),
-                          mma::pack_bf16(v[4], v[5]), mma::pack_bf16(v[6], v[7]));
+          const uint32_t p[4] = {mma::pack_bf16(v[0], v[1]), mma::pack_bf16(v[2], v[3]), mma::pack_bf16(v[4], v[5]),
+                                 mma::pack_bf16(v[6], v[7])};
+          wg::stmatrix_x4(rowaddr + j * 16, p[0], p[1], p[2], p[3]);
+          if (g.ss) {  // p[i]: row frow + 8 (i & 1), column block j + (i >> 1)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              if (!row_in[i & 1] || col0 + 8 * (j + (i >> 1)) >= g.cj) continue;
+              const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&p[i]));
+              ss += static_cast<double>(f.x) * f.x + static_cast<double>(f.y) * f.y;
+            }
+          }
         }
+      }
+      if (g.ss) {  // warp sums here; thread 0 adds the 8 after the barrier below, in warp order
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if (lane == 0) s_red[warp] = ss;
       }
       wg::fence_proxy_async();
       __syncthreads();
+      if (g.ss && tid == 0) {
+        double t = 0.0;
+#pragma unroll
+        for (int w = 0; w < kThreads / 32; ++w) t += s_red[w];
+        g.ss[ct] = t;  // s_red is rewritten only after the next tile's first k-step barrier
+      }
       if (tid < kBM) {
         const uint32_t nb = row_bytes(ctile);
         if (nb) wg::bulk_store(row_ptr(ctile), sout + tid * C::kPitch, nb);
@@ -471,6 +500,33 @@ __global__ void __launch_bounds__(kThreads, 1) gmm_wgmma_dw_kernel(const Args g,
     cstage = cstage + 1 == kS ? 0 : cstage + 1;
   }
   mma::cp_async_wait<0>();
+  if (g.ss) {  // the tiles of experts without rows, skipped above: the old dw's squares (+=), or 0
+    __syncthreads();  // thread 0 has read s_red for the last tile
+    for (int64_t t = blockIdx.x; t < total; t += stride) {
+      const Tile x = decode<kDw, BK>(g, s_off, nullptr, t);
+      if (x.ksteps) continue;
+      double ss = 0.0;
+      if (accumulate) {
+        const DwT* src = dw + (x.e * g.ci + x.i0) * g.cj + x.j0 * BN;
+        const int64_t rows = g.ci - x.i0 < kBM ? g.ci - x.i0 : kBM;
+        const int64_t cols = g.cj - x.j0 * BN < BN ? g.cj - x.j0 * BN : BN;
+        for (int64_t k = tid; k < rows * cols; k += kThreads) {
+          const double v = static_cast<float>(src[(k / cols) * g.cj + k % cols]);
+          ss += v * v;
+        }
+      }
+      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+      if (lane == 0) s_red[warp] = ss;
+      __syncthreads();
+      if (tid == 0) {
+        double sum = 0.0;
+#pragma unroll
+        for (int w = 0; w < kThreads / 32; ++w) sum += s_red[w];
+        g.ss[t] = sum;
+      }
+      __syncthreads();
+    }
+  }
   if (!accumulate) {  // experts with no rows: dw[e] = 0
     const int64_t vecs = g.ci * g.cj * static_cast<int64_t>(sizeof(DwT)) / 16;
     for (int e = 0; e < g.E; ++e) {
@@ -515,13 +571,21 @@ void launch_rows(Context& ctx, Args g, int tile_n, const char* op) {
   else launch_persistent(ctx, gmm_wgmma_kernel<kMode, 256>, Cfg<256>::kSmem, bound, op, g);
 }
 
+// sum_squares: null, or acc[0] += the sum of squares of the final dw (per-tile partials added in
+// tile order: deterministic).
 template <int BN, typename DwT, int BK>
-void launch_dw(Context& ctx, Args g, bool accumulate) {
+void launch_dw(Context& ctx, Args g, bool accumulate, double* sum_squares) {
   g.ncol = static_cast<int>((g.cj + BN - 1) / BN);
   g.nmt = static_cast<int>((g.ci + kBM - 1) / kBM);
   const int64_t bound = static_cast<int64_t>(g.E) * g.nmt * g.ncol;
+  Tensor partial;
+  if (sum_squares) {
+    partial = device_scratch(ctx, bound * 8);
+    g.ss = static_cast<double*>(partial.data_ptr());
+  }
   launch_persistent(ctx, gmm_wgmma_dw_kernel<BN, DwT, BK>, DwCfg<BN, DwT, BK>::kSmem, bound, "grouped_matmul_backward", g,
                     accumulate ? 1 : 0);
+  if (sum_squares) add_partials_into(ctx, g.ss, bound, sum_squares);
 }
 
 }  // namespace gwg
@@ -569,7 +633,7 @@ void grouped_gemm_wgmma_dx(Context& ctx, const __nv_bfloat16* dy, const __nv_bfl
 
 void grouped_gemm_wgmma_dw(Context& ctx, const __nv_bfloat16* x, const __nv_bfloat16* dy, const int32_t* off, int E,
                            int64_t N, int64_t K, int64_t M, void* dw, bool dw_bf16, bool accumulate, int tile_n,
-                           int tile_k) {
+                           int tile_k, double* sum_squares) {
   gwg::Args g{};
   g.a = dy;
   g.b = x;
@@ -584,14 +648,14 @@ void grouped_gemm_wgmma_dw(Context& ctx, const __nv_bfloat16* x, const __nv_bflo
   // Defaults (measured, docs/design/kernels.md): 256-wide tiles take 32-row stages (6 fit beside
   // the staging tile), 128-wide ones 64-row stages.
   if (!dw_bf16) {  // a 128 x 256 f32 staging tile does not fit
-    if (tile_k == 32) gwg::launch_dw<128, float, 32>(ctx, g, accumulate);
-    else gwg::launch_dw<128, float, 64>(ctx, g, accumulate);
+    if (tile_k == 32) gwg::launch_dw<128, float, 32>(ctx, g, accumulate, sum_squares);
+    else gwg::launch_dw<128, float, 64>(ctx, g, accumulate, sum_squares);
   } else if (tile_n == 128) {
-    if (tile_k == 32) gwg::launch_dw<128, __nv_bfloat16, 32>(ctx, g, accumulate);
-    else gwg::launch_dw<128, __nv_bfloat16, 64>(ctx, g, accumulate);
+    if (tile_k == 32) gwg::launch_dw<128, __nv_bfloat16, 32>(ctx, g, accumulate, sum_squares);
+    else gwg::launch_dw<128, __nv_bfloat16, 64>(ctx, g, accumulate, sum_squares);
   } else {
-    if (tile_k == 64) gwg::launch_dw<256, __nv_bfloat16, 64>(ctx, g, accumulate);
-    else gwg::launch_dw<256, __nv_bfloat16, 32>(ctx, g, accumulate);
+    if (tile_k == 64) gwg::launch_dw<256, __nv_bfloat16, 64>(ctx, g, accumulate, sum_squares);
+    else gwg::launch_dw<256, __nv_bfloat16, 32>(ctx, g, accumulate, sum_squares);
   }
 }
 

@@ -25,9 +25,11 @@ void grouped_gemm_wgmma_dx(Context& ctx, const __nv_bfloat16* dy, const __nv_bfl
 // the old dw (f32, or bf16 rounded once to nearest even), else written (experts without rows get
 // zeros, dw is not read). One CTA owns each output tile: deterministic. Benchmark knobs: tile_n,
 // the bf16 output tile width, 0 = default (256) or 128 (f32 always uses 128); tile_k, the rows per
-// pipeline stage, 0 = default (32 for 256-wide tiles, 64 for 128) or 32 / 64.
+// pipeline stage, 0 = default (32 for 256-wide tiles, 64 for 128) or 32 / 64. sum_squares: null,
+// or a device f64 to which the sum of squares of the final dw (as stored) is added, computed in
+// the epilogue from the values it writes (no second read of dw; deterministic).
 void grouped_gemm_wgmma_dw(Context& ctx, const __nv_bfloat16* x, const __nv_bfloat16* dy, const int32_t* off, int E,
                            int64_t N, int64_t K, int64_t M, void* dw, bool dw_bf16, bool accumulate = true,
-                           int tile_n = 0, int tile_k = 0);
+                           int tile_n = 0, int tile_k = 0, double* sum_squares = nullptr);
 
 }  // namespace moetrain::cuda

@@ -3,16 +3,19 @@
 // (grouped_matmul_backward_ex: or dw[e] = dy_e^T x_e).
 // A simple shared-memory tiled kernel (64x64 tiles, 4x4 outputs per thread, fp32 accumulation);
 // x, w, y, dy, dx share one dtype (bf16 or f32); dw is f32 or bf16 (fp32 sum, then old + sum rounded
-// once to nearest even). bf16 with K, M multiples of 8 goes to the tensor-core kernels: wgmma
-// (grouped_gemm_wgmma.cu) on compute capability 9.0, mma.sync (grouped_gemm_mma.cu) elsewhere;
-// these simple kernels are the fallback. dW uses the wgmma kernel on 9.0, else mma.sync.
+// once to nearest even). bf16 with K, M multiples of 8 goes to the tensor-core kernels: on compute
+// capability 9.0, y and dx on the warp-specialized TMA kernel (grouped_gemm_ws.cu) and dW on the
+// wgmma kernel (grouped_gemm_wgmma.cu, which also has y/dx: MT_GEMM_KERNEL=wgmma); mma.sync
+// (grouped_gemm_mma.cu) elsewhere; these simple kernels are the fallback.
 // A row tile that straddles experts is computed once per expert, each pass writing only its
 // rows. Rows at or past offsets[E] get zeros in y and dx, like the CPU twin. dw blocks own one
 // (expert, tile) each and sum that expert's rows in order: deterministic, no atomics.
+#include "core/env.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/grouped_gemm_mma.cuh"
 #include "kernels/cuda/grouped_gemm_wgmma.cuh"
+#include "kernels/cuda/grouped_gemm_ws.cuh"
 
 namespace moetrain::cuda {
 
@@ -151,6 +154,13 @@ GmmDims check_gmm(const Tensor& x, const Tensor& w, const Tensor& offsets, const
 
 }  // namespace
 
+// y and dx on Hopper: the warp-specialized TMA kernel (grouped_gemm_ws.cu), unless
+// MT_GEMM_KERNEL=wgmma asks for the cp.async wgmma kernel it replaced (for comparisons).
+static bool use_ws_kernel() {
+  static const bool ws = env_string("MT_GEMM_KERNEL", "ws") != "wgmma";
+  return ws;
+}
+
 // offsets are trusted (first 0, non-decreasing, last <= N): read on the device, never on the host.
 void grouped_matmul(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& offsets, Tensor& y) {
   const char* op = "grouped_matmul";
@@ -161,6 +171,13 @@ void grouped_matmul(Context& ctx, const Tensor& x, const Tensor& w, const Tensor
   const dim3 grid(static_cast<unsigned>((d.M + kBN - 1) / kBN), static_cast<unsigned>((d.N + kBM - 1) / kBM));
   need_dtype(w, x.dtype(), op, "w");
   need_dtype(y, x.dtype(), op, "y");
+  if (x.dtype() == DType::kBF16 && use_ws_kernel() &&
+      grouped_gemm_ws_supported(ctx, d.N, d.K, d.M, d.E, x.data_ptr(), w.data_ptr(), y.data_ptr())) {
+    grouped_gemm_ws_forward(ctx, static_cast<const __nv_bfloat16*>(x.data_ptr()),
+                            static_cast<const __nv_bfloat16*>(w.data_ptr()), offsets.data<int32_t>(),
+                            static_cast<int>(d.E), d.N, d.K, d.M, static_cast<__nv_bfloat16*>(y.data_ptr()));
+    return;
+  }
   if (x.dtype() == DType::kBF16 &&
       grouped_gemm_wgmma_supported(ctx, d.N, d.K, d.M, d.E, x.data_ptr(), w.data_ptr(), y.data_ptr())) {
     grouped_gemm_wgmma_forward(ctx, static_cast<const __nv_bfloat16*>(x.data_ptr()),
@@ -182,18 +199,27 @@ void grouped_matmul(Context& ctx, const Tensor& x, const Tensor& w, const Tensor
   check_launch(op);
 }
 
-void grouped_matmul_backward_ex(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& offsets,
-                                const Tensor& dy, Tensor& dx, Tensor& dw, bool dw_accumulate);
+bool grouped_matmul_backward_ex(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& offsets,
+                                const Tensor& dy, Tensor& dx, Tensor& dw, bool dw_accumulate, double* sum_squares);
 
 void grouped_matmul_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& offsets,
-                             const Tensor& dy, Tensor& dx, Tensor& dw, bool accumulate_dw) {
-  grouped_matmul_backward_ex(ctx, x, w, offsets, dy, dx, dw, accumulate_dw);
+                             const Tensor& dy, Tensor& dx, Tensor& dw, bool accumulate_dw, Tensor* dw_sum_squares) {
+  double* ss = nullptr;
+  if (dw_sum_squares) {
+    need_cuda(*dw_sum_squares, "grouped_matmul_backward", "dw_sum_squares");
+    need_dtype(*dw_sum_squares, DType::kF64, "grouped_matmul_backward", "dw_sum_squares");
+    ss = static_cast<double*>(dw_sum_squares->data_ptr());
+  }
+  // The Hopper dW kernel sums the squares in its epilogue; every other path reads dw once more.
+  if (!grouped_matmul_backward_ex(ctx, x, w, offsets, dy, dx, dw, accumulate_dw, ss) && dw_sum_squares)
+    sum_squares_accumulate(ctx, dw, *dw_sum_squares);
 }
 
 // grouped_matmul_backward with the dW mode explicit: dw_accumulate false writes dw = dy_e^T x_e
-// (dw is not read; experts without rows get zeros).
-void grouped_matmul_backward_ex(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& offsets,
-                                const Tensor& dy, Tensor& dx, Tensor& dw, bool dw_accumulate) {
+// (dw is not read; experts without rows get zeros). Returns true when the wgmma kernel added the
+// sum of squares of dw to sum_squares (when given); false when the caller must.
+bool grouped_matmul_backward_ex(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& offsets,
+                                const Tensor& dy, Tensor& dx, Tensor& dw, bool dw_accumulate, double* sum_squares) {
   const char* op = "grouped_matmul_backward";
   const GmmDims d = check_gmm(x, w, offsets, op);
   need_cuda(dy, op, "dy");
@@ -211,7 +237,12 @@ void grouped_matmul_backward_ex(Context& ctx, const Tensor& x, const Tensor& w, 
     need_numel(dx, d.N * d.K, op, "dx");
     const dim3 grid(static_cast<unsigned>((d.K + kBN - 1) / kBN), static_cast<unsigned>((d.N + kBM - 1) / kBM));
     need_dtype(dx, x.dtype(), op, "dx");
-    if (x.dtype() == DType::kBF16 &&
+    if (x.dtype() == DType::kBF16 && use_ws_kernel() &&
+        grouped_gemm_ws_supported(ctx, d.N, d.K, d.M, d.E, dy.data_ptr(), w.data_ptr(), dx.data_ptr())) {
+      grouped_gemm_ws_dx(ctx, static_cast<const __nv_bfloat16*>(dy.data_ptr()),
+                         static_cast<const __nv_bfloat16*>(w.data_ptr()), offsets.data<int32_t>(),
+                         static_cast<int>(d.E), d.N, d.K, d.M, static_cast<__nv_bfloat16*>(dx.data_ptr()));
+    } else if (x.dtype() == DType::kBF16 &&
         grouped_gemm_wgmma_supported(ctx, d.N, d.K, d.M, d.E, dy.data_ptr(), w.data_ptr(), dx.data_ptr())) {
       grouped_gemm_wgmma_dx(ctx, static_cast<const __nv_bfloat16*>(dy.data_ptr()),
                             static_cast<const __nv_bfloat16*>(w.data_ptr()), offsets.data<int32_t>(),
@@ -229,25 +260,26 @@ void grouped_matmul_backward_ex(Context& ctx, const Tensor& x, const Tensor& w, 
       check_launch(op);
     }
   }
-  if (!d.M || !d.K) return;
+  if (!d.M || !d.K) return true;  // dw is empty: its sum of squares is 0
   if (!d.N) {  // no rows: dw += 0, or dw = 0
     if (!dw_accumulate) MT_CUDA_CHECK(cudaMemsetAsync(dw.data_ptr(), 0, dw.nbytes(), s));
-    return;
+    return !dw_accumulate;
   }
   // dW: the wgmma kernel on cc 9.0 (smem-staged bulk-copy epilogue), mma.sync elsewhere.
   if (x.dtype() == DType::kBF16 &&
       grouped_gemm_wgmma_supported(ctx, d.N, d.K, d.M, d.E, x.data_ptr(), dy.data_ptr(), dw.data_ptr())) {
     grouped_gemm_wgmma_dw(ctx, static_cast<const __nv_bfloat16*>(x.data_ptr()),
                           static_cast<const __nv_bfloat16*>(dy.data_ptr()), offsets.data<int32_t>(),
-                          static_cast<int>(d.E), d.N, d.K, d.M, dw.data_ptr(), dw_bf16, dw_accumulate);
-    return;
+                          static_cast<int>(d.E), d.N, d.K, d.M, dw.data_ptr(), dw_bf16, dw_accumulate, 0, 0,
+                          sum_squares);
+    return true;
   }
   if (x.dtype() == DType::kBF16 && grouped_gemm_mma_supported(d.N, d.K, d.M, d.E, x.data_ptr(), dy.data_ptr(),
                                                                dw.data_ptr())) {
     grouped_gemm_mma_dw(ctx, static_cast<const __nv_bfloat16*>(x.data_ptr()),
                         static_cast<const __nv_bfloat16*>(dy.data_ptr()), offsets.data<int32_t>(),
                         static_cast<int>(d.E), d.N, d.K, d.M, dw.data_ptr(), dw_bf16, dw_accumulate);
-    return;
+    return false;
   }
   const dim3 grid(static_cast<unsigned>((d.K + kBN - 1) / kBN), static_cast<unsigned>((d.M + kBM - 1) / kBM),
                   static_cast<unsigned>(d.E));
@@ -263,6 +295,7 @@ void grouped_matmul_backward_ex(Context& ctx, const Tensor& x, const Tensor& w, 
           d.K, dw.data<float>(), dw_accumulate ? 1 : 0));
   }
   check_launch(op);
+  return false;
 }
 
 }  // namespace moetrain::cuda

@@ -162,6 +162,23 @@ TEST(GroupedMatmul, BackwardFiniteDifferencesAndAccumulation) {
   for (int64_t i = 0; i < E * M * K; ++i) gw[i] = (gw[i] - dw0[i]) / 2;  // one pass, no initial value
   expect_close(dwo, gw, 1e-5, 1e-5, "grouped dw overwrite");
   for (int64_t i = M * K; i < 2 * M * K; ++i) EXPECT_EQ(dwo.get(i), 0.0) << "expert 1 has no rows";
+  // The sum of squares of the final dw, added to dw_sum_squares, in both modes; against the
+  // independent double sum of the expected gradient.
+  for (bool acc : {false, true}) {
+    Tensor d = acc ? tensor(dw0, {E, M, K}) : poisoned({E, M, K});
+    Tensor ss = Tensor::zeros({1}, DType::kF64, Device::cpu());
+    ss.data<double>()[0] = 2.0;
+    ops::grouped_matmul_backward(ctx, xt, wt, offt, tensor(rw, {N, M}), none, d, acc, &ss);
+    double want = 2.0;
+    for (int64_t i = 0; i < E * M * K; ++i) {
+      const double v = gw[i] + (acc ? dw0[i] : 0.0);
+      want += v * v;
+    }
+    EXPECT_NEAR(ss.data<double>()[0], want, 1e-4 * want) << (acc ? "+=" : "overwrite");  // gw: finite differences
+    EXPECT_DOUBLE_EQ(ss.data<double>()[0] - 2.0, ops::sum_squares(ctx, d));
+  }
+  Tensor ss_f32 = Tensor::zeros({1}, DType::kF32, Device::cpu());
+  EXPECT_THROW(ops::grouped_matmul_backward(ctx, xt, wt, offt, tensor(rw, {N, M}), none, dwo, true, &ss_f32), Error);
 
   Tensor bad_off = ints({0, 3, 2, 7, 7}, {E + 1});
   EXPECT_THROW(ops::grouped_matmul(ctx, xt, wt, bad_off, y), Error);

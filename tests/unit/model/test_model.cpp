@@ -12,6 +12,7 @@
 #include "kernels/ops.h"
 #include "model/qwen3_model.h"
 #include "test_model_ref.h"
+#include "tiny_models.h"
 
 using namespace moetrain;
 
@@ -42,29 +43,9 @@ ModelConfig tiny_config(bool tied, bool norm_topk) {
 
 // Decisive routing (router std 1), O(1) activations, norm weights away from 1.
 ModelParams random_params(const ModelConfig& c, uint32_t seed, double router_std = 1.0) {
-  ModelParams p = ModelParams::allocate(c, DType::kF32, Device::cpu());
-  std::mt19937 rng(seed);
-  std::normal_distribution<double> n(0.0, 1.0);
-  p.for_each([&](const std::string& name, Tensor& t) {
-    const bool norm = name.find("norm.weight") != std::string::npos;
-    const bool router = name.find("mlp.gate.weight") != std::string::npos;
-    const bool emb = name.find("embed_tokens") != std::string::npos;
-    const double std = router ? router_std : emb ? 0.5 : 1.0 / std::sqrt(static_cast<double>(t.size(-1)));
-    for (int64_t i = 0; i < t.numel(); ++i) t.set(i, norm ? 1.0 + 0.2 * n(rng) : std * n(rng));
-  });
-  return p;
+  return test::random_test_params(c, seed, router_std, /*embed_std=*/0.5);
 }
-
-Batch tiny_batch(uint32_t seed, int64_t V, const std::vector<int>& lens) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> u(0, static_cast<int>(V) - 1);
-  std::vector<std::vector<int32_t>> docs;
-  for (int n : lens) {
-    docs.emplace_back();
-    for (int i = 0; i < n; ++i) docs.back().push_back(u(rng));
-  }
-  return Batch::from_documents(docs);
-}
+Batch tiny_batch(uint32_t seed, int64_t V, const std::vector<int>& lens) { return test::random_batch(seed, V, lens); }
 
 struct Case {
   std::string name;

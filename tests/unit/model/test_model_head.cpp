@@ -13,57 +13,15 @@
 #include "model/loss_head.h"
 #include "model/qwen3_model.h"
 #include "test_model_ref.h"
+#include "tiny_models.h"
 
 using namespace moetrain;
 
 namespace {
 
-ModelConfig head_config(bool tied) {
-  ModelConfig c;
-  c.model_type = "qwen3_moe";
-  c.vocab_size = 37;
-  c.hidden_size = 16;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 8;
-  c.intermediate_size = 12;
-  c.moe_intermediate_size = 8;
-  c.num_experts = 5;
-  c.num_experts_per_tok = 2;
-  c.norm_topk_prob = true;
-  c.decoder_sparse_step = 1;
-  c.mlp_only_layers = {1};
-  c.rms_norm_eps = 1e-6;
-  c.rope_theta = 1000.0;
-  c.tie_word_embeddings = tied;
-  c.router_aux_loss_coef = 0.05;
-  return c;
-}
-
-ModelParams params_for(const ModelConfig& c, uint32_t seed) {
-  ModelParams p = ModelParams::allocate(c, DType::kF32, Device::cpu());
-  std::mt19937 rng(seed);
-  std::normal_distribution<double> n(0.0, 1.0);
-  p.for_each([&](const std::string& name, Tensor& t) {
-    const bool norm = name.find("norm.weight") != std::string::npos;
-    const bool router = name.find("mlp.gate.weight") != std::string::npos;
-    const double std = router ? 1.0 : 1.0 / std::sqrt(static_cast<double>(t.size(-1)));
-    for (int64_t i = 0; i < t.numel(); ++i) t.set(i, norm ? 1.0 + 0.2 * n(rng) : std * n(rng));
-  });
-  return p;
-}
-
-Batch batch_for(int64_t V, const std::vector<int>& lens, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> u(0, static_cast<int>(V) - 1);
-  std::vector<std::vector<int32_t>> docs;
-  for (int n : lens) {
-    docs.emplace_back();
-    for (int i = 0; i < n; ++i) docs.back().push_back(u(rng));
-  }
-  return Batch::from_documents(docs);
-}
+ModelConfig head_config(bool tied) { return test::small_moe_config(tied, 5, /*dense_layer=*/true); }
+ModelParams params_for(const ModelConfig& c, uint32_t seed) { return test::random_test_params(c, seed); }
+Batch batch_for(int64_t V, const std::vector<int>& lens, uint32_t seed) { return test::random_batch(seed, V, lens); }
 
 double rel(const Tensor& a, const Tensor& b) {
   const std::vector<float> x = a.contiguous().to_floats(), y = b.contiguous().to_floats();
@@ -104,6 +62,9 @@ TEST(LossHead, ChunkRowsFollowTokensOrBytes) {
   EXPECT_EQ(loss_head_chunk_rows(100, 1000, DType::kF32, 0, 100), 1);          // at least one row
   // Qwen3 vocabulary, bf16, the 256 MiB default: 883 rows per chunk.
   EXPECT_EQ(loss_head_chunk_rows(1 << 20, 151936, DType::kBF16, 0, size_t{256} << 20), 883);
+  // Even chunks: 4096 rows at 883 per chunk need 5 chunks, so 820 rows each (not 4 x 883 + 564).
+  EXPECT_EQ(loss_head_chunk_rows(4096, 151936, DType::kBF16, 0, size_t{256} << 20), 820);
+  EXPECT_EQ(loss_head_chunk_rows(100, 1000, DType::kBF16, 0, 2000 * 30), 25);  // 30 fit: 4 chunks of 25
 }
 
 class HeadChunks : public testing::TestWithParam<bool> {};

@@ -217,6 +217,15 @@ TEST(PlanRun, FromATrainConfig) {
   EXPECT_EQ(j["memory"]["category_peak"].size(), kNumMemCategories);
   EXPECT_TRUE(j["memory"]["category_peak"].contains("activations"));
   EXPECT_DOUBLE_EQ(j["memory"]["device_total"].get<double>(), r.memory.device_total);
+
+  // model.ce_chunk_tokens reaches the plan: one 4096-token logits chunk instead of 256 MiB ones
+  // raises the planned workspace peak (the chunk buffer is workspace).
+  TrainConfig big = cfg;
+  big.model.ce_chunk_tokens = 4096;
+  const PlanResult rb = plan_run(big, Hardware::preset("h200", 8));
+  EXPECT_EQ(rb.input.ce_chunk_tokens, 4096);
+  const size_t ws = static_cast<size_t>(MemCategory::kWorkspace);
+  EXPECT_GT(rb.memory.category_peak[ws], r.memory.category_peak[ws]);
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // Stand-in for src/kernels/cuda/common.cuh in the standalone GEMM harness: stream_of, check_launch,
-// MT_CUDA_CHECK and a never-freed device scratch buffer, without fmt or the project libraries.
+// MT_CUDA_CHECK, MT_CHECK and a never-freed device scratch buffer, without fmt or the project libraries.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -17,6 +17,15 @@
       std::fprintf(stderr, "CUDA error %s at %s:%d\n", cudaGetErrorString(mt_e_), __FILE__, __LINE__); \
       std::exit(1);                                                                               \
     }                                                                                             \
+  } while (0)
+
+// MT_CHECK(cond, "[op] message {}", values...): prints the unformatted message and exits.
+#define MT_CHECK(cond, msg, ...)                                                   \
+  do {                                                                             \
+    if (!(cond)) {                                                                 \
+      std::fprintf(stderr, "check failed: %s: %s (%s:%d)\n", #cond, msg, __FILE__, __LINE__); \
+      std::exit(1);                                                                \
+    }                                                                              \
   } while (0)
 
 namespace moetrain {

@@ -1,0 +1,542 @@
+// Hopper warp-specialized grouped expert GEMM (y = x W[e]^T, dx = dy W[e]; bf16 in, fp32 accumulate).
+// A producer warp issues TMA tensor copies (128B swizzle) of the A rows and the W tile into a ring
+// of stages guarded by full / empty mbarriers; two consumer warpgroups run wgmma m64n256k16 from
+// shared memory, stage their bf16 tile in shared memory (stmatrix) and write the expert's rows with
+// one bulk copy per row. A persistent scheduler walks units (expert, column tile, row block) from an
+// on-device prefix of the offsets. Knobs (benchmarks): pingpong warpgroups, 2-CTA W multicast.
+#include <cuda.h>  // CUtensorMap and its enums only: the encoder comes from the runtime's entry point
+
+#include <cub/block/block_scan.cuh>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/grouped_gemm_ws.cuh"
+#include "kernels/cuda/mma_sm80.cuh"
+#include "kernels/cuda/wgmma_sm90.cuh"
+
+namespace moetrain::cuda {
+
+namespace gws {
+
+using bf16 = __nv_bfloat16;
+constexpr int kBN = 256, kBK = 64, kMaxE = 1024, kThreads = 384;
+enum Mode : int { kFwd = 0, kDx = 1 };
+// kCoop: both consumer warpgroups share one 128 x 256 tile (64 rows each). kPing: each warpgroup
+// takes every other 64 x 256 tile, so one's epilogue overlaps the other's mainloop.
+enum Sched : int { kCoop = 0, kPing = 1 };
+
+// Shared memory: kStages x (A rows x 64 k | W 256 x 64 k), then a staging tile of 64 rows per
+// consumer warpgroup (the epilogue: its bulk row stores run on under the next mainloop), barriers,
+// offsets [E+1] and the row-block prefix [E+1].
+template <int kSched, int kCluster>
+struct Cfg {
+  static constexpr int kRows = kSched == kCoop ? 128 : 64;  // A rows per stage = rows per CTA per unit
+  static constexpr int kABytes = kRows * kBK * 2;
+  static constexpr int kBBytes = kBN * kBK * 2;  // 32 KB
+  static constexpr int kStageBytes = kABytes + kBBytes;
+  static constexpr int kPitch = kBN * 2 + 16;                 // staging row: 16-byte skew, stmatrix conflict free
+  static constexpr int kEpiBytes = 2 * 64 * kPitch;
+  static constexpr int kFixed = 1024 + kEpiBytes + 128 + 2 * (kMaxE + 1) * 4;  // alignment, staging, barriers, offsets
+  static constexpr int kStages = (227 * 1024 - kFixed) / kStageBytes;  // 3 (coop 48 KB, ping 40 KB)
+  static constexpr int kEpiOff = kStages * kStageBytes;
+  static constexpr int kBarOff = kEpiOff + kEpiBytes;
+  // full[kStages], empty[kStages], turn[2] (pingpong hand-over), then offsets and unit prefix.
+  static constexpr int kSmem = 1024 + kBarOff + (2 * kStages + 2) * 8 + 2 * (kMaxE + 1) * 4;
+  static_assert((2 * kStages + 2) * 8 <= 128, "barrier space");
+  // One arrival per consumer warp that reads a stage, from each CTA of the cluster.
+  static constexpr int kEmptyCount = (kSched == kCoop ? 8 : 4) * kCluster;
+  static_assert(kStages >= 3, "fewer than 3 stages");
+  static_assert(kSmem <= 227 * 1024, "stages do not fit in shared memory");
+};
+
+struct Params {
+  const int32_t* off;  // [E+1], device
+  bf16* c;             // [N, cols]
+  int E;
+  int ncol;    // column tiles of kBN
+  int order;   // units inside an expert: 0 = (column tile, row block), 1 = (row block, column tile)
+  int ksteps;  // ceil(reduction / kBK)
+  int64_t N, cols;
+};
+
+// ---- PTX helpers (sm_90a) ---------------------------------------------------------------------
+__device__ __forceinline__ uint64_t map_addr(const CUtensorMap* m) { return reinterpret_cast<uint64_t>(m); }
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* m, int c0, int c1, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
+          "r"(dst),
+      "l"(map_addr(m)), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* m, int c0, int c1, int c2, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+      "[%5];\n" ::"r"(dst),
+      "l"(map_addr(m)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+// Same copy delivered to the same shared offset (and mbarrier) of every CTA in `mask`.
+__device__ __forceinline__ void tma_load_3d_mc(uint32_t dst, const CUtensorMap* m, int c0, int c1, int c2,
+                                               uint32_t bar, uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], "
+      "[%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
+      "l"(map_addr(m)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"(mask)
+      : "memory");
+}
+__device__ __forceinline__ void prefetch_map(const CUtensorMap* m) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(map_addr(m)) : "memory");
+}
+// Lane 0 of the warp arrives on the local mbarrier / on the one at the same shared offset in CTA
+// `cta` of the cluster. Predicated inside the asm: a branch around it would be a divergent path
+// that makes ptxas serialize the in-flight wgmma (C7518). Default (.release.cta) semantics: what
+// the arrival publishes is that this warp's wgmma reads of the stage are complete.
+__device__ __forceinline__ void mbar_arrive_lane0(uint32_t bar, uint32_t lane) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.eq.u32 p, %1, 0;\n"
+      "@p mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n" ::"r"(bar),
+      "r"(lane)
+      : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_cta_lane0(uint32_t bar, uint32_t cta, uint32_t lane) {
+  asm volatile(
+      "{\n.reg .pred p;\n.reg .b32 ra;\nsetp.eq.u32 p, %2, 0;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+      "@p mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
+      "r"(cta), "r"(lane)
+      : "memory");
+}
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// Barrier over the 128 threads of one consumer warpgroup (ids 1, 2; 0 is __syncthreads).
+__device__ __forceinline__ void named_sync(int id) {
+  asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void regs_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void regs_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+// ---- schedule ---------------------------------------------------------------------------------
+// Expert e has mu_e = ceil(rows_e / (kRows * kCluster)) row blocks; units are ordered (expert,
+// column tile, row block) so that an expert's W tile is read by consecutive units while hot in L2
+// (order 1: (expert, row block, column tile), a benchmark knob).
+// A cluster splits its row block between its CTAs in multiples of 64 rows (a short last block
+// leaves the second CTA's second warpgroup, or the whole second CTA, without rows).
+struct Unit {
+  int e, j;
+  int rb, re;  // this CTA's rows [rb, re), possibly empty
+};
+
+template <int kRows, int kCluster>
+__device__ __forceinline__ Unit decode(const Params& p, const int32_t* s_off, const int32_t* s_ts, int64_t u,
+                                       int rank) {
+  const int32_t blk = static_cast<int32_t>(u / p.ncol);  // s_ts[e] <= blk < s_ts[e + 1]
+  int lo_e = 0, hi_e = p.E - 1;
+  while (lo_e < hi_e) {
+    const int mid = (lo_e + hi_e + 1) >> 1;
+    if (s_ts[mid] <= blk) lo_e = mid; else hi_e = mid - 1;
+  }
+  Unit x;
+  x.e = lo_e;
+  const int mu = s_ts[x.e + 1] - s_ts[x.e];
+  const int local = static_cast<int>(u - static_cast<int64_t>(s_ts[x.e]) * p.ncol);
+  int q;
+  if (p.order == 0) {
+    x.j = local / mu;
+    q = local - x.j * mu;
+  } else {
+    q = local / p.ncol;
+    x.j = local - q * p.ncol;
+  }
+  const int hi = s_off[x.e + 1];
+  const int b0 = s_off[x.e] + q * kRows * kCluster;
+  const int rem = min(kRows * kCluster, hi - b0);
+  if constexpr (kCluster == 1) {
+    x.rb = b0;
+    x.re = b0 + rem;
+  } else {
+    const int h = min(kRows, ((rem + kCluster - 1) / kCluster + 63) / 64 * 64);
+    x.rb = min(b0 + rank * h, b0 + rem);
+    x.re = min(b0 + rem, x.rb + h);
+  }
+  return x;
+}
+
+// Epilogue of one consumer warpgroup: its 64 x 256 fp32 fragments (warp w, lane l: rows 16 w + l/4
+// (+8), columns 8 i + 2 (l % 4) (+1)) -> bf16 staging tile at `stg` (kPitch-byte rows) by stmatrix,
+// then thread t < 64 bulk-copies row t when r0 + t < rend, clipped to the output's columns: rows of
+// the next expert are never written. Thread t owns staging row t for every store, so its wait for
+// the previous store's read, then the warpgroup barrier `bar`, make the tile free again.
+template <int kPitch>
+__device__ __forceinline__ void store_rows(const Params& p, uint32_t stg, int bar, int r0, int rend, int j,
+                                           const float (&acc)[128]) {
+  const int wtid = threadIdx.x & 127, lane = threadIdx.x & 31, q = lane >> 3;
+  if (wtid < 64) wg::bulk_wait_read();
+  named_sync(bar);
+  // stmatrix x4: matrix q = rows + 8 (q & 1), column block i + (q >> 1); lanes 8q..8q+7 address it.
+  const uint32_t rowaddr = stg + ((wtid >> 5) * 16 + ((q & 1) << 3) + (lane & 7)) * kPitch + (q >> 1) * 16;
+#pragma unroll
+  for (int i = 0; i < kBN / 8; i += 2)
+    wg::stmatrix_x4(rowaddr + i * 16, mma::pack_bf16(acc[4 * i], acc[4 * i + 1]),
+                    mma::pack_bf16(acc[4 * i + 2], acc[4 * i + 3]), mma::pack_bf16(acc[4 * i + 4], acc[4 * i + 5]),
+                    mma::pack_bf16(acc[4 * i + 6], acc[4 * i + 7]));
+  wg::fence_proxy_async();  // generic-proxy writes, read next by the bulk copy engine
+  named_sync(bar);
+  if (wtid < 64 && r0 + wtid < rend) {
+    const int64_t c0 = static_cast<int64_t>(j) * kBN;
+    const int64_t ncols = p.cols - c0 < kBN ? p.cols - c0 : kBN;
+    wg::bulk_store(p.c + static_cast<int64_t>(r0 + wtid) * p.cols + c0, stg + wtid * kPitch,
+                   static_cast<uint32_t>(ncols * 2));
+    wg::bulk_commit();
+  }
+}
+
+// ---- kernel -----------------------------------------------------------------------------------
+// Threads 0..127: producer warpgroup (thread 0 issues every copy; registers given back). Threads
+// 128..383: consumer warpgroups 0 and 1. map_a: [N, red] rows, box kRows x 64. map_b: W as
+// [E, M, K]; fwd box 128 (M) x 64 (K), dx box 64 (K) x 64 (M).
+template <int kMode, int kSched, int kCluster>
+__global__ void __launch_bounds__(kThreads, 1)
+    gmm_ws_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                  const Params p) {
+#if MT_WGMMA_ENABLED
+  using C = Cfg<kSched, kCluster>;
+  constexpr int kS = C::kStages;
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw = mma::smem_addr(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;  // same offset in every CTA: multicast targets match
+  const uint32_t full0 = base + C::kBarOff, empty0 = full0 + kS * 8, turn0 = empty0 + kS * 8;
+  int32_t* s_off = reinterpret_cast<int32_t*>(smem_raw + (base - raw) + C::kBarOff + (2 * kS + 2) * 8);
+  int32_t* s_ts = s_off + (kMaxE + 1);
+  const int tid = threadIdx.x;
+  const int rank = kCluster > 1 ? static_cast<int>(cluster_rank()) : 0;
+  for (int i = tid; i <= p.E; i += kThreads) s_off[i] = p.off[i];
+  if (tid == 0) {
+    for (int s = 0; s < kS; ++s) {
+      wg::mbar_init(full0 + 8 * s, 1);
+      wg::mbar_init(empty0 + 8 * s, C::kEmptyCount);
+    }
+    wg::mbar_init(turn0, 4);
+    wg::mbar_init(turn0 + 8, 4);
+    wg::fence_mbar_init();
+    prefetch_map(&map_a);
+    prefetch_map(&map_b);
+  }
+  __syncthreads();
+  {  // s_ts[e] = row blocks of the experts before e (3 experts per thread, E <= 1024)
+    using Scan = cub::BlockScan<int32_t, kThreads>;
+    __shared__ typename Scan::TempStorage scan_tmp;
+    int32_t cnt[3], sum = 0;
+#pragma unroll
+    for (int q = 0; q < 3; ++q) {
+      const int e = tid * 3 + q;
+      const int32_t rows = e < p.E ? s_off[e + 1] - s_off[e] : 0;
+      cnt[q] = rows > 0 ? (rows + C::kRows * kCluster - 1) / (C::kRows * kCluster) : 0;
+      sum += cnt[q];
+    }
+    int32_t excl, agg;
+    Scan(scan_tmp).ExclusiveSum(sum, excl, agg);
+#pragma unroll
+    for (int q = 0; q < 3; ++q) {
+      const int e = tid * 3 + q;
+      if (e < p.E) s_ts[e] = excl;
+      excl += cnt[q];
+    }
+    if (tid == 0) s_ts[p.E] = agg;
+  }
+  __syncthreads();
+  if constexpr (kCluster > 1) cluster_sync();  // peers' barriers exist before any multicast / remote arrive
+  const int64_t total = static_cast<int64_t>(s_ts[p.E]) * p.ncol;
+  const int64_t first = blockIdx.x / kCluster, step = gridDim.x / kCluster;
+
+  // Warpgroup index made provably warp-uniform (a shuffle), so that ptxas sees the role branches and
+  // everything derived from them as non-divergent.
+  const int wgi = __shfl_sync(0xffffffffu, tid / 128, 0);
+  if (wgi == 0) {  // ---- producer ----
+    regs_dec<40>();  // 128 x 40 + 256 x 232 <= 64K registers
+    if (tid == 0) {
+      // The W boxes of unit x's k step that this CTA issues: fn(shared offset in the B tile, c0, c1).
+      // fwd: 256 rows of M x 64 K as two 128-row boxes; dx: 64 rows of M x 256 K as four 64-column
+      // boxes (the MN-major blocks). With clusters each CTA issues its half and multicasts it. Boxes
+      // wholly past the last column are skipped: those columns are never stored.
+      auto for_each_b = [&](const Unit& x, int k, auto&& fn) {
+        if constexpr (kMode == kFwd) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            if ((kCluster == 1 || h == rank) && x.j * kBN + h * 128 < p.cols) fn(h * 16384, k * kBK, x.j * kBN + h * 128);
+        } else {
+#pragma unroll
+          for (int b = 0; b < 4; ++b)
+            if ((kCluster == 1 || (b >> 1) == rank) && x.j * kBN + b * 64 < p.cols) fn(b * 8192, x.j * kBN + b * 64, k * kBK);
+        }
+      };
+      // Bytes that land in this CTA's stage: A (unless it has no rows) and every W box of the cluster.
+      auto stage_bytes = [&](const Unit& x) {
+        const int64_t left = p.cols - static_cast<int64_t>(x.j) * kBN;
+        const int boxes = kMode == kFwd ? (left > 128 ? 2 : 1) : static_cast<int>(left >= 256 ? 4 : (left + 63) / 64);
+        return static_cast<uint32_t>((x.rb < x.re ? C::kABytes : 0) + boxes * (C::kBBytes / (kMode == kFwd ? 2 : 4)));
+      };
+      int stage = 0;
+      uint32_t phase = 0;
+      for (int64_t u = first; u < total; u += step) {
+        const Unit x = decode<C::kRows, kCluster>(p, s_off, s_ts, u, rank);
+        const uint32_t bytes = stage_bytes(x);
+        for (int k = 0; k < p.ksteps; ++k) {
+          wg::mbar_wait(empty0 + 8 * stage, phase ^ 1u);  // a fresh barrier passes parity 1 at once
+          const uint32_t full = full0 + 8 * stage, sa = base + stage * C::kStageBytes, sb = sa + C::kABytes;
+          wg::mbar_arrive_tx(full, bytes);
+          if (x.rb < x.re) tma_load_2d(sa, &map_a, k * kBK, x.rb, full);
+          for_each_b(x, k, [&](int off, int c0, int c1) {
+            if constexpr (kCluster == 1) tma_load_3d(sb + off, &map_b, c0, c1, x.e, full);
+            else tma_load_3d_mc(sb + off, &map_b, c0, c1, x.e, full, (1u << kCluster) - 1);
+          });
+          if (++stage == kS) {
+            stage = 0;
+            phase ^= 1u;
+          }
+        }
+      }
+    }
+    __syncwarp();
+  } else {  // ---- consumers ----
+    regs_inc<232>();
+    const int cw = wgi - 1, wtid = tid & 127;
+    const uint32_t lane = tid & 31;
+    const int64_t utotal = __shfl_sync(0xffffffffu, total, 0);
+    auto release = [&](int s) {  // this warp has finished reading stage s (its wgmma retired)
+      if constexpr (kCluster == 1) mbar_arrive_lane0(empty0 + 8 * s, lane);
+      else
+#pragma unroll
+        for (int r = 0; r < kCluster; ++r) mbar_arrive_cta_lane0(empty0 + 8 * s, r, lane);
+    };
+    int stage = 0;
+    uint32_t phase = 0, tphase = 0;
+    float acc[128];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
+    int64_t it = 0;
+    for (int64_t u = first; u < utotal; u += step, ++it) {
+      if constexpr (kSched == kPing) {
+        if ((it & 1) != cw) {  // the other warpgroup's unit: skip its stages
+          const int adv = stage + p.ksteps;
+          stage = adv % kS;
+          phase ^= static_cast<uint32_t>(adv / kS) & 1u;
+          continue;
+        }
+        // Wait until the other warpgroup has waited on all stages of the previous unit, so that
+        // every full barrier is at most one phase behind this warpgroup's parity.
+        if (it > 0) {
+          wg::mbar_wait(turn0 + 8 * cw, tphase);
+          tphase ^= 1u;
+        }
+      }
+      const Unit x = decode<C::kRows, kCluster>(p, s_off, s_ts, u, rank);
+      const int r0 = __shfl_sync(0xffffffffu, x.rb + (kSched == kCoop ? 64 * cw : 0), 0);
+      const int re = __shfl_sync(0xffffffffu, x.re, 0);
+      const uint32_t aoff = kSched == kCoop ? cw * 8192 : 0;
+      auto advance = [&]() {
+        if (++stage == kS) {
+          stage = 0;
+          phase ^= 1u;
+        }
+      };
+      auto mma_step = [&](int k) {  // the 4 wgmma of one k step on the current stage, committed
+        const uint32_t sa = base + stage * C::kStageBytes + aoff, sb = base + stage * C::kStageBytes + C::kABytes;
+        wg::fence_regs(acc);
+        wg::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBK / 16; ++kk) {
+          const uint64_t da = wg::smem_desc(sa + kk * 32, 16, 1024);
+          const uint64_t db = kMode == kFwd ? wg::smem_desc(sb + kk * 32, 16, 1024)
+                                            : wg::smem_desc(sb + kk * 2048, 8192, 1024);
+          wg::wgmma_m64n256k16<0, kMode == kFwd ? 0 : 1>(acc, da, db, (k > 0 || kk > 0) ? 1 : 0);
+        }
+        wg::wgmma_commit();
+      };
+      if (r0 < re) {
+        // One wgmma group stays in flight: step k's stage is released once step k + 1 is issued.
+        wg::mbar_wait(full0 + 8 * stage, phase);
+        mma_step(0);
+        int prev = stage;
+        advance();
+        for (int k = 1; k < p.ksteps; ++k) {
+          wg::mbar_wait(full0 + 8 * stage, phase);
+          mma_step(k);
+          wg::wgmma_wait<1>();
+          wg::fence_regs(acc);
+          release(prev);
+          prev = stage;
+          advance();
+        }
+        if constexpr (kSched == kPing) mbar_arrive_lane0(turn0 + 8 * (1 - cw), lane);
+        wg::wgmma_wait<0>();
+        wg::fence_regs(acc);
+        release(prev);
+        store_rows<C::kPitch>(p, base + C::kEpiOff + cw * 64 * C::kPitch, 1 + cw, r0, re,
+                              __shfl_sync(0xffffffffu, x.j, 0), acc);
+      } else {  // no rows for this warpgroup: pass the stages on
+        for (int k = 0; k < p.ksteps; ++k) {
+          wg::mbar_wait(full0 + 8 * stage, phase);
+          release(stage);
+          advance();
+        }
+        if constexpr (kSched == kPing) mbar_arrive_lane0(turn0 + 8 * (1 - cw), lane);
+      }
+    }
+    if (wtid < 64) wg::bulk_wait_all();  // the staging tile must outlive the bulk stores that read it
+    {  // rows past offsets[E] are unused capacity: zeros (consumer threads of every CTA)
+      const int64_t r0 = s_off[p.E];
+      const int64_t vecs = (p.N - r0) * p.cols / 8;
+      uint4* c = reinterpret_cast<uint4*>(p.c + r0 * p.cols);
+      const int64_t nthr = static_cast<int64_t>(gridDim.x) * 256;
+      for (int64_t v = static_cast<int64_t>(blockIdx.x) * 256 + (tid - 128); v < vecs; v += nthr)
+        c[v] = make_uint4(0, 0, 0, 0);
+    }
+  }
+  // No CTA may leave while its peer can still multicast into it or arrive on its barriers.
+  if constexpr (kCluster > 1) cluster_sync();
+#endif
+}
+
+// ---- host -------------------------------------------------------------------------------------
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// cuTensorMapEncodeTiled from the driver through the runtime (no libcuda link); looked up once.
+EncodeTiled encoder() {
+  static const EncodeTiled fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    MT_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q));
+    MT_CHECK(q == cudaDriverEntryPointSuccess && f != nullptr,
+             "[grouped_gemm_ws] the driver has no cuTensorMapEncodeTiled (needs CUDA 12 or later)");
+    return reinterpret_cast<EncodeTiled>(f);
+  }();
+  return fn;
+}
+
+// bf16 tensor map, 128B swizzle, zero fill out of bounds; dims / box innermost first, strides in bytes.
+CUtensorMap make_map(const void* ptr, int rank, const cuuint64_t* dims, const cuuint64_t* strides,
+                     const cuuint32_t* box) {
+  CUtensorMap m;
+  const cuuint32_t estr[3] = {1, 1, 1};
+  const CUresult r =
+      encoder()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, static_cast<cuuint32_t>(rank), const_cast<void*>(ptr), dims,
+                strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  MT_CHECK(r == CUDA_SUCCESS, "[grouped_gemm_ws] cuTensorMapEncodeTiled failed with error {}", static_cast<int>(r));
+  return m;
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+int sm_count(const Context& ctx) {
+  int sms = ctx.facts().sm_count;
+  if (sms <= 0) {
+    int dev = 0;
+    MT_CUDA_CHECK(cudaGetDevice(&dev));
+    MT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  }
+  return sms;
+}
+
+// a: [N, red] (lda = red); w: [E, M, K]; the output is [N, cols] (fwd: cols = M, red = K; dx: cols
+// = K, red = M).
+template <int kMode, int kSched, int kCluster>
+void launch(Context& ctx, const bf16* a, const bf16* w, const int32_t* off, int E, int64_t N, int64_t K, int64_t M,
+            bf16* out, const char* op, int order = 0) {
+  using C = Cfg<kSched, kCluster>;
+  const int64_t red = kMode == kFwd ? K : M, cols = kMode == kFwd ? M : K;
+  if (N <= 0) return;
+  const cuuint64_t da[2] = {static_cast<cuuint64_t>(red), static_cast<cuuint64_t>(N)};
+  const cuuint64_t sa[1] = {static_cast<cuuint64_t>(red) * 2};
+  const cuuint32_t ba[2] = {kBK, C::kRows};
+  const CUtensorMap map_a = make_map(a, 2, da, sa, ba);
+  const cuuint64_t db[3] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(M), static_cast<cuuint64_t>(E)};
+  const cuuint64_t sb[2] = {static_cast<cuuint64_t>(K) * 2, static_cast<cuuint64_t>(M * K) * 2};
+  const cuuint32_t bfwd[3] = {kBK, 128, 1}, bdx[3] = {64, kBK, 1};
+  const CUtensorMap map_b = make_map(w, 3, db, sb, kMode == kFwd ? bfwd : bdx);
+
+  Params p{};
+  p.off = off;
+  p.c = out;
+  p.E = E;
+  p.ncol = static_cast<int>((cols + kBN - 1) / kBN);
+  p.order = order;
+  p.ksteps = static_cast<int>((red + kBK - 1) / kBK);
+  p.N = N;
+  p.cols = cols;
+
+  auto kernel = gmm_ws_kernel<kMode, kSched, kCluster>;
+  MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
+  cudaLaunchConfig_t cfg{};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = kCluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.blockDim = dim3(kThreads, 1, 1);
+  cfg.dynamicSmemBytes = C::kSmem;
+  cfg.stream = stream_of(ctx);
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  // Persistent grid: as many clusters as fit at once (a device fact, read once per kernel), or
+  // fewer when there are fewer units (bound: N / rows + E row blocks per column tile).
+  int64_t slots = sm_count(ctx) / kCluster;
+  if constexpr (kCluster > 1) {
+    static int fit = 0;
+    if (fit <= 0) {
+      cfg.gridDim = dim3(static_cast<unsigned>(slots * kCluster), 1, 1);
+      MT_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&fit, kernel, &cfg));
+    }
+    if (fit > 0 && fit < slots) slots = fit;
+  }
+  const int64_t bound = (N / (C::kRows * kCluster) + E) * p.ncol;
+  const int64_t clusters = bound < slots ? (bound > 0 ? bound : 1) : slots;
+  cfg.gridDim = dim3(static_cast<unsigned>(clusters * kCluster), 1, 1);
+  MT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, map_a, map_b, p));
+  check_launch(op);
+}
+
+template <int kMode>
+void dispatch(Context& ctx, const bf16* a, const bf16* w, const int32_t* off, int E, int64_t N, int64_t K, int64_t M,
+              bf16* out, int variant, const char* op) {
+  switch (variant) {
+    case 2: launch<kMode, kCoop, 2>(ctx, a, w, off, E, N, K, M, out, op); break;
+    case 3: launch<kMode, kPing, 1>(ctx, a, w, off, E, N, K, M, out, op); break;
+    case 4: launch<kMode, kPing, 2>(ctx, a, w, off, E, N, K, M, out, op); break;
+    case 5: launch<kMode, kCoop, 1>(ctx, a, w, off, E, N, K, M, out, op, 1); break;
+    default: launch<kMode, kCoop, 1>(ctx, a, w, off, E, N, K, M, out, op); break;  // fastest measured
+  }
+}
+
+}  // namespace gws
+
+bool grouped_gemm_ws_supported(const Context& ctx, int64_t N, int64_t K, int64_t M, int64_t E, const void* x,
+                               const void* w, const void* out) {
+  return ctx.facts().cc_major == 9 && ctx.facts().cc_minor == 0 && N >= 0 && N < (int64_t(1) << 31) && K > 0 &&
+         M > 0 && K % 8 == 0 && M % 8 == 0 && E >= 1 && E <= gws::kMaxE && gws::aligned16(x) && gws::aligned16(w) &&
+         gws::aligned16(out);
+}
+
+void grouped_gemm_ws_forward(Context& ctx, const __nv_bfloat16* x, const __nv_bfloat16* w, const int32_t* off,
+                             int E, int64_t N, int64_t K, int64_t M, __nv_bfloat16* y, int variant) {
+  gws::dispatch<gws::kFwd>(ctx, x, w, off, E, N, K, M, y, variant, "grouped_matmul");
+}
+
+void grouped_gemm_ws_dx(Context& ctx, const __nv_bfloat16* dy, const __nv_bfloat16* w, const int32_t* off, int E,
+                        int64_t N, int64_t K, int64_t M, __nv_bfloat16* dx, int variant) {
+  gws::dispatch<gws::kDx>(ctx, dy, w, off, E, N, K, M, dx, variant, "grouped_matmul_backward");
+}
+
+}  // namespace moetrain::cuda
