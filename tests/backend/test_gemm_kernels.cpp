@@ -1,0 +1,66 @@
+// The two Hopper kernels for the expert y and dx GEMMs against each other: the warp-specialized
+// TMA kernel (grouped_gemm_ws.cu, the default) and the cp.async wgmma kernel it replaced
+// (grouped_gemm_wgmma.cu, MT_GEMM_KERNEL=wgmma). Both sum each output in the same wgmma order, so
+// their outputs must be the same bits, at the Qwen3-30B-A3B widths with uneven routing, experts
+// without rows and unused capacity rows. (The CPU-twin comparison of the default path is
+// Backend.GroupedMatmul.)
+#include <cstring>
+#include <numeric>
+#include <random>
+
+#include "backend_util.h"
+#include "kernels/cuda/grouped_gemm_wgmma.cuh"
+#include "kernels/cuda/grouped_gemm_ws.cuh"
+#include "kernels/ops.h"
+
+namespace moetrain::test {
+namespace {
+
+Tensor gpu_randn(const Shape& s, uint64_t seed, float std) {
+  Tensor t = Tensor::empty(s, DType::kBF16, Device::cuda(0));
+  ops::fill_normal(gpu_ctx(), t, 0.0f, std, gpu_ctx().rng(seed));
+  return t;
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  device_sync();
+  const Tensor x = a.to(Device::cpu()), y = b.to(Device::cpu());
+  return x.nbytes() == y.nbytes() && std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0;
+}
+
+TEST(Backend, GroupedGemmWsMatchesWgmmaBitForBit) {
+  MT_REQUIRE_GPU();
+  if (gpu_ctx().facts().cc_major != 9) GTEST_SKIP() << "Hopper kernels (cc 9.0)";
+  std::mt19937 g(11);
+  std::vector<int32_t> counts(128);
+  for (auto& c : counts) c = static_cast<int32_t>(g() % 6 == 0 ? 0 : g() % 520);
+  counts[0] = 1, counts[1] = 0, counts[2] = 1000, counts[3] = 128, counts[4] = 129;
+  std::vector<int32_t> off(counts.size() + 1, 0);
+  for (size_t e = 0; e < counts.size(); ++e) off[e + 1] = off[e] + counts[e];
+  const int E = 128;
+  const int64_t N = off.back() + 77;  // unused capacity rows at the end
+  const Tensor offsets = Tensor::from_ints(off, {E + 1}).to(Device::cuda(0));
+  struct Shape2 { int64_t K, M; };
+  for (const Shape2 s : {Shape2{2048, 1536}, Shape2{768, 2048}}) {
+    const std::string tag = "E128 N" + std::to_string(N) + " K" + std::to_string(s.K) + " M" + std::to_string(s.M);
+    const Tensor x = gpu_randn({N, s.K}, 1, 1.0f), w = gpu_randn({E, s.M, s.K}, 2, 0.03f), dy = gpu_randn({N, s.M}, 3, 1.0f);
+    ASSERT_TRUE(cuda::grouped_gemm_ws_supported(gpu_ctx(), N, s.K, s.M, E, x.data_ptr(), w.data_ptr(), x.data_ptr()));
+    auto bf = [](const Tensor& t) { return static_cast<const __nv_bfloat16*>(t.data_ptr()); };
+    auto bfm = [](Tensor& t) { return static_cast<__nv_bfloat16*>(t.data_ptr()); };
+    Tensor y1 = Tensor::empty({N, s.M}, DType::kBF16, Device::cuda(0)), y2 = Tensor::empty({N, s.M}, DType::kBF16, Device::cuda(0));
+    cuda::grouped_gemm_ws_forward(gpu_ctx(), bf(x), bf(w), offsets.data<int32_t>(), E, N, s.K, s.M, bfm(y1));
+    cuda::grouped_gemm_wgmma_forward(gpu_ctx(), bf(x), bf(w), offsets.data<int32_t>(), E, N, s.K, s.M, bfm(y2));
+    const bool y_same = same_bits(y1, y2);
+    EXPECT_TRUE(y_same) << "y " << tag;
+    check_scalar("grouped_gemm_ws", "y bits == wgmma kernel's, " + tag, y_same ? 0.0 : 1.0, 0.0, 0.0);
+    Tensor d1 = Tensor::empty({N, s.K}, DType::kBF16, Device::cuda(0)), d2 = Tensor::empty({N, s.K}, DType::kBF16, Device::cuda(0));
+    cuda::grouped_gemm_ws_dx(gpu_ctx(), bf(dy), bf(w), offsets.data<int32_t>(), E, N, s.K, s.M, bfm(d1));
+    cuda::grouped_gemm_wgmma_dx(gpu_ctx(), bf(dy), bf(w), offsets.data<int32_t>(), E, N, s.K, s.M, bfm(d2));
+    const bool dx_same = same_bits(d1, d2);
+    EXPECT_TRUE(dx_same) << "dx " << tag;
+    check_scalar("grouped_gemm_ws", "dx bits == wgmma kernel's, " + tag, dx_same ? 0.0 : 1.0, 0.0, 0.0);
+  }
+}
+
+}  // namespace
+}  // namespace moetrain::test
