@@ -80,7 +80,8 @@ TEST(Backend, Embedding) {
 TEST(Backend, RmsNorm) {
   MT_REQUIRE_GPU();
   struct Case { int64_t R, D; };
-  for (const Case c : {Case{37, 2048}, Case{1000, 128}, Case{5, 100}, Case{1, 3}}) {
+  // 40000 x 128: the q/k-norm shape (tokens x heads rows of head_dim): 1250 dw chunks of 32 rows.
+  for (const Case c : {Case{37, 2048}, Case{1000, 128}, Case{40000, 128}, Case{70, 40}, Case{5, 100}, Case{1, 3}}) {
     for (DType dt : kDtypes) {
       Pair x = input(randn(c.R * c.D, 31, 2.0f), {c.R, c.D}, dt);
       Pair w = input(randu(c.D, 32, 0.5f, 1.5f), {c.D}, dt);

@@ -1,7 +1,9 @@
 // CUDA RMSNorm over the last dim: y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps), fp32 math.
 // Backward (xhat = x * rstd, g = dy * w): dx = rstd * (g - xhat * mean(g * xhat)), one warp per
 // row; dw += sum over rows of dy * xhat, as a deterministic two-pass column reduction in fp32
-// (fixed row chunks, then chunk partials added in order): no atomics.
+// (fixed chunks of 32 rows, then the chunk partials added in a fixed tree): no atomics.
+#include <algorithm>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 
@@ -10,7 +12,8 @@ namespace moetrain::cuda {
 namespace {
 
 constexpr int kRowsPerBlock = 8;  // one warp per row
-constexpr int kMaxChunks = 256;   // dw row chunks
+constexpr int64_t kChunkRows = 32;             // dw: rows per chunk (short serial loops)
+constexpr int64_t kMaxPartials = int64_t{4} << 20;  // dw: chunk partials held at most (16 MB of f32)
 
 template <typename X, typename W>
 __global__ void rmsnorm_fwd_kernel(const X* __restrict__ x, const W* __restrict__ w, float eps,
@@ -65,13 +68,23 @@ __global__ void rmsnorm_dw_partial_kernel(const X* __restrict__ x, const float* 
   partial[c * D + j] = acc;
 }
 
+// out[j] += sum over chunks of partial[c, j]: a 32 x 32 block per 32 columns; thread (tx, ty) sums
+// chunks ty, ty + 32, ... of column tx, then row 0 adds the 32 sums in ty order (fixed: deterministic).
 __global__ void column_sum_add_kernel(const float* __restrict__ partial, int64_t chunks, int64_t D,
                                       float* __restrict__ out) {
-  const int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  if (j >= D) return;
+  __shared__ float sums[32][33];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t j = blockIdx.x * 32 + tx;
   float acc = 0.0f;
-  for (int64_t c = 0; c < chunks; ++c) acc += partial[c * D + j];
-  out[j] += acc;
+  if (j < D)
+    for (int64_t c = ty; c < chunks; c += 32) acc += partial[c * D + j];
+  sums[ty][tx] = acc;
+  __syncthreads();
+  if (ty == 0 && j < D) {
+    float t = 0.0f;
+    for (int k = 0; k < 32; ++k) t += sums[k][tx];
+    out[j] += t;
+  }
 }
 
 }  // namespace
@@ -119,8 +132,12 @@ void rmsnorm_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tens
   if (!R) return;
   cudaStream_t s = stream_of(ctx);
   const unsigned blocks = static_cast<unsigned>((R + kRowsPerBlock - 1) / kRowsPerBlock);
-  const int64_t chunks = std::min<int64_t>(R, kMaxChunks);
+  // Chunks of about kChunkRows rows (many short loops: the q/k norms have R = tokens x heads rows
+  // of D = 128), fewer when the partials would pass kMaxPartials.
+  int64_t chunks = std::min<int64_t>({(R + kChunkRows - 1) / kChunkRows, std::max<int64_t>(kMaxPartials / D, 1),
+                                      int64_t{65535} /* grid.y */});
   const int64_t rows_per_chunk = (R + chunks - 1) / chunks;
+  chunks = (R + rows_per_chunk - 1) / rows_per_chunk;
   Tensor scratch = device_scratch(ctx, chunks * D * 4);
   float* partial = static_cast<float*>(scratch.data_ptr());
   const dim3 pgrid(static_cast<unsigned>((D + 127) / 128), static_cast<unsigned>(chunks));
@@ -133,7 +150,7 @@ void rmsnorm_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tens
       rmsnorm_dw_partial_kernel<<<pgrid, 128, 0, s>>>(static_cast<const X*>(x.data_ptr()), rstd.data<float>(),
                                                       static_cast<const G*>(dy.data_ptr()), partial, R, D,
                                                       rows_per_chunk)));
-  column_sum_add_kernel<<<static_cast<unsigned>((D + 255) / 256), 256, 0, s>>>(partial, chunks, D, dw.data<float>());
+  column_sum_add_kernel<<<static_cast<unsigned>((D + 31) / 32), dim3(32, 32), 0, s>>>(partial, chunks, D, dw.data<float>());
   check_launch(op);
 }
 
