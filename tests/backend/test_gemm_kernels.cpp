@@ -1,9 +1,9 @@
-// The two Hopper kernels for the expert y and dx GEMMs against each other: the warp-specialized
+// The two Hopper kernels for the expert y, dx and dW GEMMs against each other: the warp-specialized
 // TMA kernel (grouped_gemm_ws.cu, the default) and the cp.async wgmma kernel it replaced
 // (grouped_gemm_wgmma.cu, MT_GEMM_KERNEL=wgmma). Both sum each output in the same wgmma order, so
-// their outputs must be the same bits, at the Qwen3-30B-A3B widths with uneven routing, experts
-// without rows and unused capacity rows. (The CPU-twin comparison of the default path is
-// Backend.GroupedMatmul.)
+// their outputs (and dW's epilogue sum of squares) must be the same bits, at the Qwen3-30B-A3B
+// widths with uneven routing, experts without rows and unused capacity rows. (The CPU-twin
+// comparison of the default path is Backend.GroupedMatmul.)
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -59,6 +59,26 @@ TEST(Backend, GroupedGemmWsMatchesWgmmaBitForBit) {
     const bool dx_same = same_bits(d1, d2);
     EXPECT_TRUE(dx_same) << "dx " << tag;
     check_scalar("grouped_gemm_ws", "dx bits == wgmma kernel's, " + tag, dx_same ? 0.0 : 1.0, 0.0, 0.0);
+    // dW, f32 and bf16, = and += (from the same start), with the epilogue's sum of squares.
+    for (const bool bf16 : {false, true}) {
+      for (const bool acc : {false, true}) {
+        const DType dt = bf16 ? DType::kBF16 : DType::kF32;
+        Tensor w1 = Tensor::empty({E, s.M, s.K}, dt, Device::cuda(0));
+        ops::fill_normal(gpu_ctx(), w1, 0.0f, 0.1f, gpu_ctx().rng(4));
+        Tensor w2 = Tensor::empty({E, s.M, s.K}, dt, Device::cuda(0));
+        ops::cast(gpu_ctx(), w1, w2);
+        Tensor ss1 = Tensor::zeros({1}, DType::kF64, Device::cuda(0)), ss2 = Tensor::zeros({1}, DType::kF64, Device::cuda(0));
+        cuda::grouped_gemm_ws_dw(gpu_ctx(), bf(x), bf(dy), offsets.data<int32_t>(), E, N, s.K, s.M, w1.data_ptr(), bf16,
+                                 acc, static_cast<double*>(ss1.data_ptr()));
+        cuda::grouped_gemm_wgmma_dw(gpu_ctx(), bf(x), bf(dy), offsets.data<int32_t>(), E, N, s.K, s.M, w2.data_ptr(), bf16,
+                                    acc, 0, 0, static_cast<double*>(ss2.data_ptr()));
+        const std::string what = std::string("dW ") + (bf16 ? "bf16 " : "f32 ") + (acc ? "+= " : "= ") + tag;
+        const bool dw_same = same_bits(w1, w2) && same_bits(ss1, ss2);
+        EXPECT_TRUE(dw_same) << what;
+        check_scalar("grouped_gemm_ws", what + " and its sum of squares: bits == wgmma kernel's", dw_same ? 0.0 : 1.0,
+                     0.0, 0.0);
+      }
+    }
   }
 }
 

@@ -1,4 +1,5 @@
-// Hopper warp-specialized grouped expert GEMM (y = x W[e]^T, dx = dy W[e]; bf16 in, fp32 accumulate).
+// Hopper warp-specialized grouped expert GEMM (y = x W[e]^T, dx = dy W[e], and dW through
+// grouped_gemm_ws_dw.cuh; bf16 in, fp32 accumulate).
 // A producer warp issues TMA tensor copies (128B swizzle) of the A rows and the W tile into a ring
 // of stages guarded by full / empty mbarriers; two consumer warpgroups run wgmma m64n256k16 from
 // shared memory, stage their bf16 tile in shared memory (stmatrix) and write the expert's rows with
@@ -10,6 +11,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/grouped_gemm_ws.cuh"
+#include "kernels/cuda/grouped_gemm_ws_dw.cuh"
 #include "kernels/cuda/mma_sm80.cuh"
 #include "kernels/cuda/wgmma_sm90.cuh"
 
@@ -537,6 +539,19 @@ void grouped_gemm_ws_forward(Context& ctx, const __nv_bfloat16* x, const __nv_bf
 void grouped_gemm_ws_dx(Context& ctx, const __nv_bfloat16* dy, const __nv_bfloat16* w, const int32_t* off, int E,
                         int64_t N, int64_t K, int64_t M, __nv_bfloat16* dx, int variant) {
   gws::dispatch<gws::kDx>(ctx, dy, w, off, E, N, K, M, dx, variant, "grouped_matmul_backward");
+}
+
+void grouped_gemm_ws_dw(Context& ctx, const __nv_bfloat16* x, const __nv_bfloat16* dy, const int32_t* off, int E,
+                        int64_t N, int64_t K, int64_t M, void* dw, bool dw_bf16, bool accumulate, double* sum_squares) {
+  const int64_t tiles = gwd::dw_tiles(E, K, M, dw_bf16);
+  Tensor partial;
+  double* part = nullptr;
+  if (sum_squares) {
+    partial = device_scratch(ctx, tiles * 8);
+    part = static_cast<double*>(partial.data_ptr());
+  }
+  gwd::dispatch_dw(ctx, x, dy, off, E, N, K, M, dw, dw_bf16, accumulate, part, 0);
+  if (sum_squares) add_partials_into(ctx, part, tiles, sum_squares);
 }
 
 }  // namespace moetrain::cuda

@@ -24,4 +24,11 @@ void grouped_gemm_ws_forward(Context& ctx, const __nv_bfloat16* x, const __nv_bf
 void grouped_gemm_ws_dx(Context& ctx, const __nv_bfloat16* dy, const __nv_bfloat16* w, const int32_t* off, int E,
                         int64_t N, int64_t K, int64_t M, __nv_bfloat16* dx, int variant = 0);
 
+// dw[e][M, K] (+)= dy_e^T x_e: same meaning as grouped_gemm_wgmma_dw (f32 or bf16 dw, = or +=,
+// zeros for experts without rows in = mode, deterministic, bit-identical to it), fed by TMA
+// (grouped_gemm_ws_dw.cuh). sum_squares: null, or a device f64 to which the sum of squares of the
+// final dw is added (per-tile partials, summed in tile order).
+void grouped_gemm_ws_dw(Context& ctx, const __nv_bfloat16* x, const __nv_bfloat16* dy, const int32_t* off, int E,
+                        int64_t N, int64_t K, int64_t M, void* dw, bool dw_bf16, bool accumulate, double* sum_squares);
+
 }  // namespace moetrain::cuda

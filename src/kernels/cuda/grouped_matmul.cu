@@ -4,9 +4,9 @@
 // A simple shared-memory tiled kernel (64x64 tiles, 4x4 outputs per thread, fp32 accumulation);
 // x, w, y, dy, dx share one dtype (bf16 or f32); dw is f32 or bf16 (fp32 sum, then old + sum rounded
 // once to nearest even). bf16 with K, M multiples of 8 goes to the tensor-core kernels: on compute
-// capability 9.0, y and dx on the warp-specialized TMA kernel (grouped_gemm_ws.cu) and dW on the
-// wgmma kernel (grouped_gemm_wgmma.cu, which also has y/dx: MT_GEMM_KERNEL=wgmma); mma.sync
-// (grouped_gemm_mma.cu) elsewhere; these simple kernels are the fallback.
+// capability 9.0, the warp-specialized TMA kernels (grouped_gemm_ws.cu: y, dx and dW), or with
+// MT_GEMM_KERNEL=wgmma the cp.async wgmma ones they replaced (grouped_gemm_wgmma.cu, same bits);
+// mma.sync (grouped_gemm_mma.cu) elsewhere; these simple kernels are the fallback.
 // A row tile that straddles experts is computed once per expert, each pass writing only its
 // rows. Rows at or past offsets[E] get zeros in y and dx, like the CPU twin. dw blocks own one
 // (expert, tile) each and sum that expert's rows in order: deterministic, no atomics.
@@ -265,7 +265,16 @@ bool grouped_matmul_backward_ex(Context& ctx, const Tensor& x, const Tensor& w, 
     if (!dw_accumulate) MT_CUDA_CHECK(cudaMemsetAsync(dw.data_ptr(), 0, dw.nbytes(), s));
     return !dw_accumulate;
   }
-  // dW: the wgmma kernel on cc 9.0 (smem-staged bulk-copy epilogue), mma.sync elsewhere.
+  // dW on cc 9.0: the TMA-fed kernel (grouped_gemm_ws_dw.cuh; same bits), or with
+  // MT_GEMM_KERNEL=wgmma the cp.async one; both stage the epilogue in smem for bulk copies.
+  // mma.sync elsewhere.
+  if (x.dtype() == DType::kBF16 && use_ws_kernel() &&
+      grouped_gemm_ws_supported(ctx, d.N, d.K, d.M, d.E, x.data_ptr(), dy.data_ptr(), dw.data_ptr())) {
+    grouped_gemm_ws_dw(ctx, static_cast<const __nv_bfloat16*>(x.data_ptr()),
+                       static_cast<const __nv_bfloat16*>(dy.data_ptr()), offsets.data<int32_t>(), static_cast<int>(d.E),
+                       d.N, d.K, d.M, dw.data_ptr(), dw_bf16, dw_accumulate, sum_squares);
+    return true;
+  }
   if (x.dtype() == DType::kBF16 &&
       grouped_gemm_wgmma_supported(ctx, d.N, d.K, d.M, d.E, x.data_ptr(), dy.data_ptr(), dw.data_ptr())) {
     grouped_gemm_wgmma_dw(ctx, static_cast<const __nv_bfloat16*>(x.data_ptr()),

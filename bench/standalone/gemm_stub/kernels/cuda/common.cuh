@@ -61,3 +61,15 @@ inline Tensor device_scratch(const Context&, int64_t bytes) {
 }
 
 }  // namespace moetrain::cuda
+
+namespace moetrain::cuda {
+// acc[0] += partial[0] + ... + partial[n-1] (one thread, in order: slow, fine for checks).
+static __global__ void stub_add_partials(const double* p, int64_t n, double* acc) {
+  double s = 0.0;
+  for (int64_t i = 0; i < n; ++i) s += p[i];
+  acc[0] += s;
+}
+inline void add_partials_into(Context& ctx, const double* partial, int64_t n, double* acc) {
+  stub_add_partials<<<1, 1, 0, stream_of(ctx)>>>(partial, n, acc);
+}
+}  // namespace moetrain::cuda

@@ -1,0 +1,295 @@
+// Standalone check + benchmark of the warp-specialized TMA dW kernel (src/kernels/cuda/
+// grouped_gemm_ws_dw.cuh) against the cp.async wgmma dW kernel (grouped_gemm_wgmma.cu): bit
+// equality with it, a float64 reference (every element on edge cases, sampled on model shapes),
+// run-to-run bits, untouched / zeroed empty experts, the fused sum of squares; then CUDA-event
+// medians. Build / run: bench/standalone/gemm_ws_dw_run.sh. Usage: gemm_ws_dw [reps] [edges|shapes].
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/context.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/grouped_gemm_wgmma.cuh"
+#include "kernels/cuda/grouped_gemm_ws_dw.cuh"
+
+using moetrain::Context;
+using bf16 = __nv_bfloat16;
+namespace mc = moetrain::cuda;
+#define CK(x) MT_CUDA_CHECK(x)
+
+static int g_fail = 0;
+
+__device__ __forceinline__ float unit_hash(uint64_t i, uint64_t seed) {
+  uint64_t z = (i + 1) * 0x9E3779B97F4A7C15ull ^ (seed * 0xC2B2AE3D27D4EB4Full);
+  z = (z ^ (z >> 33)) * 0xFF51AFD7ED558CCDull;
+  z = (z ^ (z >> 29)) * 0xC4CEB9FE1A85EC53ull;
+  z ^= z >> 32;
+  return static_cast<float>(z >> 40) * (1.0f / 8388608.0f) - 1.0f;
+}
+__global__ void fill_bf16(bf16* p, int64_t n, uint64_t seed, float scale, int64_t nan_from) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    p[i] = i >= nan_from ? __float2bfloat16_rn(NAN) : __float2bfloat16_rn(unit_hash(i, seed) * scale);
+}
+__global__ void fill_f32(float* p, int64_t n, uint64_t seed, float scale) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    p[i] = unit_hash(i, seed) * scale;
+}
+// Sampled elements idx = s * samp of dw [E, M, K]: ref (f64) = old (if acc) + sum_r dy[r, i] x[r, j];
+// max |out - ref|, max |ref|, NaN count.
+__global__ void ref_check(const bf16* x, const bf16* dy, const int32_t* off, int64_t K, int64_t M, int64_t total,
+                          int64_t samp, const void* out, const void* old, int f32, int acc, double* res,
+                          unsigned long long* nans) {
+  __shared__ double sd[256], sr[256];
+  double md = 0.0, mr = 0.0;
+  unsigned long long nn = 0;
+  for (int64_t s = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; s * samp < total; s += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t idx = s * samp, e = idx / (M * K), i = (idx / K) % M, j = idx % K;
+    double r = 0.0;
+    for (int64_t row = off[e]; row < off[e + 1]; ++row)
+      r += (double)__bfloat162float(dy[row * M + i]) * (double)__bfloat162float(x[row * K + j]);
+    if (acc) r += f32 ? (double)((const float*)old)[idx] : (double)__bfloat162float(((const bf16*)old)[idx]);
+    const double v = f32 ? (double)((const float*)out)[idx] : (double)__bfloat162float(((const bf16*)out)[idx]);
+    if (isnan(v)) ++nn; else md = fmax(md, fabs(v - r));
+    mr = fmax(mr, fabs(r));
+  }
+  sd[threadIdx.x] = md;
+  sr[threadIdx.x] = mr;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int t = 1; t < 256; ++t) {
+      md = fmax(md, sd[t]);
+      mr = fmax(mr, sr[t]);
+    }
+    res[2 * blockIdx.x] = md;
+    res[2 * blockIdx.x + 1] = mr;
+  }
+  if (nn) atomicAdd(nans, nn);
+}
+
+struct Prob {
+  const char* tag;
+  int E;
+  int64_t N, K, M;
+  std::vector<int32_t> off;
+  bf16 *x = nullptr, *dy = nullptr;
+  int32_t* doff = nullptr;
+};
+
+Prob make(const char* tag, const std::vector<int64_t>& counts, int64_t N, int64_t K, int64_t M) {
+  Prob p{tag, (int)counts.size(), N, K, M};
+  p.off.assign(p.E + 1, 0);
+  for (int e = 0; e < p.E; ++e) p.off[e + 1] = p.off[e] + (int32_t)counts[e];
+  if (p.off[p.E] > N) { std::fprintf(stderr, "bad problem %s\n", tag); std::exit(2); }
+  CK(cudaMalloc(&p.x, N * K * 2 + 16));
+  CK(cudaMalloc(&p.dy, N * M * 2 + 16));
+  CK(cudaMalloc(&p.doff, (p.E + 1) * 4));
+  CK(cudaMemcpy(p.doff, p.off.data(), (p.E + 1) * 4, cudaMemcpyHostToDevice));
+  // rows past offsets[E] are NaN: a kernel that reads them into a sum fails the check
+  fill_bf16<<<1024, 256>>>(p.x, N * K, 11, 1.0f, (int64_t)p.off[p.E] * K);
+  fill_bf16<<<1024, 256>>>(p.dy, N * M, 12, 1.0f, (int64_t)p.off[p.E] * M);
+  CK(cudaGetLastError());
+  return p;
+}
+void release(Prob& p) { CK(cudaFree(p.x)); CK(cudaFree(p.dy)); CK(cudaFree(p.doff)); }
+
+std::vector<int64_t> routed(int64_t T, int topk, int E, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int64_t> counts(E, 0);
+  std::vector<int> perm(E);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int e = 0; e < E; ++e) perm[e] = e;
+    for (int i = 0; i < topk; ++i) {
+      std::swap(perm[i], perm[i + (int)(rng() % (E - i))]);
+      ++counts[perm[i]];
+    }
+  }
+  return counts;
+}
+
+// impl 0: wgmma (cp.async); 1: ws default; 2: ws other BK.
+void run(Context& ctx, int impl, const Prob& p, void* dw, bool b16, bool acc, double* ss) {
+  if (impl == 0) mc::grouped_gemm_wgmma_dw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, dw, b16, acc, 0, 0, ss);
+  else {
+    double* part = nullptr;
+    const int64_t n = mc::gwd::dw_tiles(p.E, p.K, p.M, b16);
+    if (ss) part = static_cast<double*>(mc::device_scratch(ctx, n * 8).data_ptr());
+    mc::gwd::dispatch_dw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, dw, b16, acc, part, impl - 1);
+    if (ss) mc::add_partials_into(ctx, part, n, ss);
+  }
+  CK(cudaGetLastError());
+}
+
+bool check_mode(Context& ctx, const Prob& p, bool b16, bool acc, int64_t samp) {
+  const int64_t tot = (int64_t)p.E * p.M * p.K, bytes = tot * (b16 ? 2 : 4);
+  void *init, *o0, *o1, *o2, *o1b;
+  double* ss;
+  CK(cudaMalloc(&init, bytes + 16));
+  for (void** q : {&o0, &o1, &o2, &o1b}) CK(cudaMalloc(q, bytes + 16));
+  CK(cudaMalloc(&ss, 4 * 8));
+  if (acc) {
+    if (b16) fill_bf16<<<1024, 256>>>((bf16*)init, tot, 5, 3.0f, INT64_MAX);
+    else fill_f32<<<1024, 256>>>((float*)init, tot, 5, 3.0f);
+  } else {
+    CK(cudaMemset(init, 0xFF, bytes));  // NaN: unwritten elements show
+  }
+  CK(cudaMemset(ss, 0, 4 * 8));
+  void* outs[4] = {o0, o1, o2, o1b};
+  const int impls[4] = {0, 1, 2, 1};
+  for (int i = 0; i < 4; ++i) {
+    CK(cudaMemcpy(outs[i], init, bytes, cudaMemcpyDeviceToDevice));
+    run(ctx, impls[i], p, outs[i], b16, acc, ss + i);
+  }
+  CK(cudaDeviceSynchronize());
+  std::vector<unsigned char> h0(bytes), h1(bytes), hin(bytes);
+  CK(cudaMemcpy(h0.data(), o0, bytes, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(hin.data(), init, bytes, cudaMemcpyDeviceToHost));
+  double hs[4];
+  CK(cudaMemcpy(hs, ss, 32, cudaMemcpyDeviceToHost));
+  bool ok = true;
+  char line[512];
+  const char* name[4] = {"wgmma", "ws v0", "ws v1", "ws v0 rerun"};
+  // host sum of squares of the old kernel's output (f64)
+  double hss = 0.0;
+  for (int64_t i = 0; i < tot; ++i) {
+    double v;
+    if (b16) { bf16 b; std::memcpy(&b, &h0[2 * i], 2); v = __bfloat162float(b); }
+    else { float f; std::memcpy(&f, &h0[4 * i], 4); v = f; }
+    hss += v * v;
+  }
+  for (int i = 0; i < 4; ++i) {
+    CK(cudaMemcpy(h1.data(), outs[i], bytes, cudaMemcpyDeviceToHost));
+    int64_t ndiff = 0, nempty_bad = 0;
+    const size_t es = b16 ? 2 : 4;
+    for (int64_t k = 0; k < tot; ++k) ndiff += std::memcmp(&h1[k * es], &h0[k * es], es) != 0;
+    for (int e = 0; e < p.E; ++e) {
+      if (p.off[e + 1] > p.off[e]) continue;
+      const size_t b0 = (size_t)e * p.M * p.K * es, n = (size_t)p.M * p.K * es;
+      if (acc) nempty_bad += std::memcmp(&h1[b0], &hin[b0], n) != 0;
+      else for (size_t k = 0; k < n; ++k) nempty_bad += h1[b0 + k] != 0;
+    }
+    // float64 reference
+    const int blocks = 512;
+    double* res;
+    unsigned long long* nans;
+    CK(cudaMalloc(&res, blocks * 16));
+    CK(cudaMalloc(&nans, 8));
+    CK(cudaMemset(nans, 0, 8));
+    ref_check<<<blocks, 256>>>(p.x, p.dy, p.doff, p.K, p.M, tot, samp, outs[i], init, b16 ? 0 : 1, acc ? 1 : 0, res, nans);
+    CK(cudaDeviceSynchronize());
+    std::vector<double> hr(2 * blocks);
+    unsigned long long hn = 0;
+    CK(cudaMemcpy(hr.data(), res, blocks * 16, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(&hn, nans, 8, cudaMemcpyDeviceToHost));
+    CK(cudaFree(res));
+    CK(cudaFree(nans));
+    double md = 0, mr = 0;
+    for (int b = 0; b < blocks; ++b) { md = std::max(md, hr[2 * b]); mr = std::max(mr, hr[2 * b + 1]); }
+    const double rel = mr > 0 ? md / mr : md, tol = b16 ? 8e-3 : 1e-5;
+    const double ssrel = std::fabs(hs[i] - hss) / std::max(hss, 1e-300);
+    const bool good = rel <= tol && hn == 0 && nempty_bad == 0 && ssrel < 1e-9 && (i == 0 || (ndiff == 0 && hs[i] == hs[0]));
+    std::snprintf(line, sizeof line,
+                  "%-14s %s %-2s %-11s: max rel err %.2e (tol %.0e), NaN %llu, bits differ from wgmma %lld, empty experts bad %lld, "
+                  "ss %.10e (host %.10e) %s\n",
+                  p.tag, b16 ? "bf16" : "f32 ", acc ? "+=" : "=", name[i], rel, tol, hn, (long long)ndiff,
+                  (long long)nempty_bad, hs[i], hss, good ? "PASS" : "FAIL");
+    std::fputs(line, stdout);
+    ok = ok && good;
+  }
+  CK(cudaFree(init));
+  for (void* q : outs) CK(cudaFree(q));
+  CK(cudaFree(ss));
+  if (!ok) ++g_fail;
+  return ok;
+}
+
+float time_ms(Context& ctx, int impl, const Prob& p, void* dw, bool b16, bool acc, double* ss, int reps) {
+  for (int i = 0; i < 3; ++i) run(ctx, impl, p, dw, b16, acc, ss);
+  std::vector<float> ts;
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  for (int i = 0; i < reps; ++i) {
+    CK(cudaEventRecord(a));
+    run(ctx, impl, p, dw, b16, acc, ss);
+    CK(cudaEventRecord(b));
+    CK(cudaEventSynchronize(b));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    ts.push_back(ms);
+  }
+  std::sort(ts.begin(), ts.end());
+  return ts[ts.size() / 2];
+}
+
+int main(int argc, char** argv) {
+  const int reps = argc > 1 ? std::atoi(argv[1]) : 20;
+  const std::string part = argc > 2 ? argv[2] : "all";
+  Context ctx;
+  cudaDeviceProp prop{};
+  CK(cudaGetDeviceProperties(&prop, 0));
+  ctx.facts_.sm_count = prop.multiProcessorCount;
+  ctx.facts_.cc_major = prop.major;
+  ctx.facts_.cc_minor = prop.minor;
+  std::printf("device %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+  std::printf("smem: bf16 v0 %d (%d stages), v1 %d (%d), f32 v0 %d (%d), v1 %d (%d)\n", mc::gwd::Cfg<256, bf16, 32>::kSmem,
+              mc::gwd::Cfg<256, bf16, 32>::kStages, mc::gwd::Cfg<256, bf16, 64>::kSmem, mc::gwd::Cfg<256, bf16, 64>::kStages,
+              mc::gwd::Cfg<128, float, 64>::kSmem, mc::gwd::Cfg<128, float, 64>::kStages,
+              mc::gwd::Cfg<128, float, 32>::kSmem, mc::gwd::Cfg<128, float, 32>::kStages);
+  if (part != "shapes") {
+    std::vector<Prob> edges;
+    edges.push_back(make("uneven", {0, 1, 1000, 0, 64, 65, 128, 129, 255, 257, 3, 0}, 2300, 264, 200));
+    edges.push_back(make("empty+tail", {0, 300, 1, 0, 130}, 500, 200, 136));
+    edges.push_back(make("one-full", {64, 0, 0}, 64, 64, 64));
+    edges.push_back(make("all-empty", {0, 0, 0, 0}, 16, 72, 40));
+    edges.push_back(make("N-edge", {5, 31, 33}, 69, 520, 264));
+    for (Prob& p : edges) {
+      for (bool b16 : {true, false})
+        for (bool acc : {false, true}) check_mode(ctx, p, b16, acc, 1);
+      release(p);
+    }
+  }
+  if (part != "edges") {
+    struct S { const char* tag; int64_t K, M; };
+    const std::vector<int64_t> counts = routed(4096, 8, 128, 42);
+    std::vector<std::string> table;
+    for (S s : {S{"gate_up", 2048, 1536}, S{"down", 768, 2048}}) {
+      Prob p = make(s.tag, counts, 32768, s.K, s.M);
+      check_mode(ctx, p, true, false, 997);
+      check_mode(ctx, p, false, true, 997);
+      const int64_t tot = (int64_t)p.E * p.M * p.K;
+      void* dw;
+      double* ss;
+      CK(cudaMalloc(&dw, tot * 4 + 16));
+      CK(cudaMalloc(&ss, 8));
+      const double fl = 2.0 * 32768 * s.K * s.M;
+      struct V { const char* mode; bool b16, acc, withss; };
+      for (V v : {V{"bf16 =", true, false, false}, V{"bf16 = +ss", true, false, true}, V{"f32 +=", false, true, false},
+                  V{"f32 += +ss", false, true, true}}) {
+        for (int impl : {0, 1, 2}) {
+          const float ms = time_ms(ctx, impl, p, dw, v.b16, v.acc, v.withss ? ss : nullptr, reps);
+          char line[256];
+          std::snprintf(line, sizeof line, "| %-8s | %-11s | %-8s | %8.3f | %6.0f |", s.tag, v.mode,
+                        impl == 0 ? "wgmma" : impl == 1 ? "ws v0" : "ws v1", ms, fl / ms / 1e9);
+          table.push_back(line);
+          std::puts(line);
+        }
+      }
+      CK(cudaFree(dw));
+      CK(cudaFree(ss));
+      release(p);
+    }
+    std::printf("\n| shape | mode | kernel | ms | TFLOP/s |\n");
+    for (auto& l : table) std::puts(l.c_str());
+  }
+  std::printf("%s: %d failing check(s)\n", g_fail ? "FAIL" : "PASS", g_fail);
+  return g_fail ? 1 : 0;
+}
