@@ -130,6 +130,14 @@ void sum_squares_accumulate(Context& ctx, const Tensor& x, Tensor& acc) {
   MT_DISPATCH(dev, sum_squares_accumulate, ctx, x, acc);
 }
 
+void sum_accumulate(Context& ctx, const Tensor& x, Tensor& acc) {
+  const char* op = "sum_accumulate";
+  const Device dev = device_of(ctx, op, {{x, "x"}, {acc, "acc"}});
+  expect(x, {x.numel()}, DType::kF64, op, "x");
+  expect(acc, {1}, DType::kF64, op, "acc");
+  MT_DISPATCH(dev, sum_accumulate, ctx, x, acc);
+}
+
 void fill_normal(Context& ctx, Tensor& t, float mean, float std, RngStream stream) {
   const Device dev = device_of(ctx, "fill_normal", {{t, "t"}});
   check_float(t, "fill_normal", "t");

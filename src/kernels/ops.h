@@ -28,6 +28,8 @@ double sum_squares(Context& ctx, const Tensor& x);             // sum x^2 in fp6
 // acc[0] += sum x^2 (x f32 or bf16), in fp64 on x's device with no host synchronization; a
 // gradient norm over many tensors reads acc once. Deterministic (fixed-order partial sums).
 void sum_squares_accumulate(Context& ctx, const Tensor& x, Tensor& acc /*[1] f64*/);
+// acc[0] += x[0] + ... + x[n-1] (x f64: sums of squares formed elsewhere), in a fixed order.
+void sum_accumulate(Context& ctx, const Tensor& x /*[n] f64*/, Tensor& acc /*[1] f64*/);
 // Fills with normal(mean, std): elements 2j and 2j+1 are the Box-Muller pair (cosine, sine
 // value) of philox4x32(stream.key, stream.counter, j) (see philox_normal2), so the values depend
 // only on the stream and the index (identical on CPU and CUDA up to libm).

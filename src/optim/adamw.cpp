@@ -71,7 +71,7 @@ AdamW::AdamW(std::vector<OptimParam> params, const AdamWConfig& cfg) : params_(s
   }
 }
 
-double AdamW::grad_norm(Context& ctx, double scale, Tensor known_sum, const std::vector<Tensor>& known_grads) const {
+double AdamW::grad_norm(Context& ctx, double scale, const Tensor& known_sum, const std::vector<Tensor>& known_grads) const {
   Tensor acc;  // [1] f64 on the gradients' device, read once
   std::vector<bool> known(params_.size(), false);
   if (known_sum.defined()) {
@@ -87,8 +87,12 @@ double AdamW::grad_norm(Context& ctx, double scale, Tensor known_sum, const std:
           break;
         }
     }
-    if (matched == known_grads.size()) acc = known_sum;
-    else std::fill(known.begin(), known.end(), false);
+    if (matched == known_grads.size()) {
+      acc = Tensor::zeros({1}, DType::kF64, known_sum.device(), MemCategory::kWorkspace);
+      ops::sum_accumulate(ctx, known_sum, acc);  // known_sum itself is left as it is
+    } else {
+      std::fill(known.begin(), known.end(), false);
+    }
   }
   for (size_t i = 0; i < params_.size(); ++i) {
     if (roles_[i] == ParamRole::kFrozen || known[i]) continue;

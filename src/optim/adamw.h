@@ -56,9 +56,9 @@ class AdamW {
   // device and read once (one host synchronization), times `scale` (the factor the gradients
   // will be multiplied by, e.g. a loss normalization). known_sum ([1] f64, same device) may carry
   // the sum of squares of some gradients already (known_grads, matched by storage, e.g. from
-  // Qwen3Model::grad_sum_squares()): those are not read again, and the rest is added to known_sum.
+  // Qwen3Model::grad_sum_squares()): those are not read again (known_sum is read, not changed).
   // It is ignored (everything is read) unless every known gradient is a trainable parameter's.
-  double grad_norm(Context& ctx, double scale = 1.0, Tensor known_sum = Tensor(),
+  double grad_norm(Context& ctx, double scale = 1.0, const Tensor& known_sum = Tensor(),
                    const std::vector<Tensor>& known_grads = {}) const;
   // One update with learning rate `lr`; every gradient is multiplied by grad_scale first.
   void step(Context& ctx, double lr, double grad_scale);

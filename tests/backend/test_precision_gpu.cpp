@@ -4,6 +4,7 @@
 // operations and the same Philox words), on vectorized (16-byte aligned) and scalar (misaligned
 // view) paths and sizes that are not multiples of 8; sum_squares_accumulate matches the CPU to
 // fp64 reordering and does not read back to the host.
+#include <cmath>
 #include <cstring>
 
 #include "backend_util.h"
@@ -88,6 +89,24 @@ TEST(BackendPrecision, SumSquaresAccumulateMatchesCpu) {
       const double got = acc_gpu.to(Device::cpu()).data<double>()[0], want = acc_cpu.data<double>()[0];
       check_scalar("sum_squares_accumulate", std::string(dt_name(dt)) + " n=" + std::to_string(n), got, want, 1e-12);
     }
+}
+
+TEST(BackendPrecision, SumAccumulateMatchesCpu) {
+  MT_REQUIRE_GPU();
+  for (int64_t n : {int64_t{1}, int64_t{37}, int64_t{5000}}) {
+    std::vector<double> v(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = 1e3 * std::sin(0.7 * static_cast<double>(i)) + 2.0;
+    Tensor x = Tensor::zeros({n}, DType::kF64);
+    std::copy(v.begin(), v.end(), x.data<double>());
+    Tensor acc_cpu = Tensor::zeros({1}, DType::kF64);
+    acc_cpu.data<double>()[0] = 0.25;  // added to, not overwritten
+    Tensor acc_gpu = acc_cpu.to(Device::cuda(0));
+    ops::sum_accumulate(gpu_ctx(), x.to(Device::cuda(0)), acc_gpu);
+    ops::sum_accumulate(cpu_ctx(), x, acc_cpu);
+    device_sync();
+    check_scalar("sum_accumulate", "n=" + std::to_string(n), acc_gpu.to(Device::cpu()).data<double>()[0],
+                 acc_cpu.data<double>()[0], 1e-12);
+  }
 }
 
 }  // namespace

@@ -111,6 +111,13 @@ void sum_squares_accumulate(Context& ctx, const Tensor& x, Tensor& acc) {
   acc.data<double>()[0] += s;
 }
 
+void sum_accumulate(Context&, const Tensor& x, Tensor& acc) {
+  const double* xp = x.data<double>();
+  double s = 0.0;
+  for (int64_t i = 0; i < x.numel(); ++i) s += xp[i];
+  acc.data<double>()[0] += s;
+}
+
 void fill_normal(Context& ctx, Tensor& t, float mean, float std, RngStream stream) {
   const int64_t n = t.numel();
   const DType dt = t.dtype();

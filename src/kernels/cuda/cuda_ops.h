@@ -21,6 +21,7 @@ void add_(Context& ctx, Tensor& y, const Tensor& x, float alpha = 1.0f);
 void scale_(Context& ctx, Tensor& y, float alpha);
 double sum_squares(Context& ctx, const Tensor& x);  // synchronizes (returns a host value)
 void sum_squares_accumulate(Context& ctx, const Tensor& x, Tensor& acc);  // no host synchronization
+void sum_accumulate(Context& ctx, const Tensor& x, Tensor& acc);
 void fill_normal(Context& ctx, Tensor& t, float mean, float std, RngStream stream);
 
 // ---- embedding -----------------------------------------------------------------------------

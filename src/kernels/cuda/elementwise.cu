@@ -402,6 +402,14 @@ void add_partials_into(Context& ctx, const double* partial, int64_t n, double* a
   check_launch("add_partials_into");
 }
 
+void sum_accumulate(Context& ctx, const Tensor& x, Tensor& acc) {
+  need_cuda(x, "sum_accumulate", "x");
+  need_cuda(acc, "sum_accumulate", "acc");
+  need_dtype(x, DType::kF64, "sum_accumulate", "x");
+  need_dtype(acc, DType::kF64, "sum_accumulate", "acc");
+  if (x.numel()) add_partials_into(ctx, static_cast<const double*>(x.data_ptr()), x.numel(), static_cast<double*>(acc.data_ptr()));
+}
+
 void sum_squares_accumulate(Context& ctx, const Tensor& x, Tensor& acc) {
   const char* op = "sum_squares_accumulate";
   need_cuda(x, op, "x");

@@ -133,6 +133,38 @@ __global__ void unpermute_bwd_kernel(const G* __restrict__ dy, const Y* __restri
   }
 }
 
+// unpermute_bwd_kernel on 8-element packs (H % 8 == 0, aligned rows): each thread's dot covers 8
+// neighbouring columns instead of 8 strided ones (a different, still fixed, summation order).
+template <typename G, typename Y, typename DY>
+__global__ void unpermute_bwd_vec_kernel(const G* __restrict__ dy, const Y* __restrict__ yp,
+                                         const int32_t* __restrict__ row_of, const float* __restrict__ w, int k,
+                                         int64_t H, DY* __restrict__ dyp, float* __restrict__ dw) {
+  __shared__ float scratch[32];
+  const int64_t t = blockIdx.x;
+  const Pack8<G>* dyt = reinterpret_cast<const Pack8<G>*>(dy + t * H);
+  for (int j = 0; j < k; ++j) {
+    const int64_t row = row_of[t * k + j];
+    const float wj = w[t * k + j];
+    const Pack8<Y>* ypr = reinterpret_cast<const Pack8<Y>*>(yp + row * H);
+    Pack8<DY>* out = reinterpret_cast<Pack8<DY>*>(dyp + row * H);
+    float dot = 0.0f;
+    for (int64_t h = threadIdx.x; h < H / 8; h += blockDim.x) {
+      const Pack8<G> g = dyt[h];
+      const Pack8<Y> y = ypr[h];
+      Pack8<DY> o;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float gi = to_f(g.v[i]);
+        dot += gi * to_f(y.v[i]);
+        o.v[i] = from_f<DY>(wj * gi);
+      }
+      out[h] = o;
+    }
+    dot = block_sum(dot, scratch);
+    if (threadIdx.x == 0) dw[t * k + j] = dot;
+  }
+}
+
 }  // namespace
 
 void moe_route_index(Context& ctx, const Tensor& topk_idx, int num_experts, Tensor& counts, Tensor& offsets,
@@ -268,13 +300,19 @@ void moe_unpermute_backward(Context& ctx, const Tensor& dy, const Tensor& yp, co
   need_numel(dtopk_w, T * k, op, "dtopk_w");
   need_numel(dyp, yp.numel(), op, "dyp");
   if (!T) return;
+  const bool packs = packs_ok(H, dy.data_ptr(), yp.data_ptr()) && packs_ok(H, dyp.data_ptr(), dyp.data_ptr());
   MT_CUDA_DISPATCH(dy.dtype(), G, op,
     MT_CUDA_DISPATCH(yp.dtype(), Y, op,
       MT_CUDA_DISPATCH(dyp.dtype(), DY, op,
-        unpermute_bwd_kernel<<<static_cast<unsigned>(T), 256, 0, stream_of(ctx)>>>(
-            static_cast<const G*>(dy.data_ptr()), static_cast<const Y*>(yp.data_ptr()), row_of.data<int32_t>(),
-            topk_w.data<float>(), static_cast<int>(k), H, static_cast<DY*>(dyp.data_ptr()),
-            dtopk_w.data<float>()))));
+        if (packs) {
+          unpermute_bwd_vec_kernel<<<static_cast<unsigned>(T), 256, 0, stream_of(ctx)>>>(
+              static_cast<const G*>(dy.data_ptr()), static_cast<const Y*>(yp.data_ptr()), row_of.data<int32_t>(),
+              topk_w.data<float>(), static_cast<int>(k), H, static_cast<DY*>(dyp.data_ptr()), dtopk_w.data<float>());
+        } else {
+          unpermute_bwd_kernel<<<static_cast<unsigned>(T), 256, 0, stream_of(ctx)>>>(
+              static_cast<const G*>(dy.data_ptr()), static_cast<const Y*>(yp.data_ptr()), row_of.data<int32_t>(),
+              topk_w.data<float>(), static_cast<int>(k), H, static_cast<DY*>(dyp.data_ptr()), dtopk_w.data<float>());
+        })));
   check_launch(op);
 }
 

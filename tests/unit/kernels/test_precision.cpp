@@ -225,6 +225,20 @@ TEST(Bf16Gradients, GroupedBackwardDwAccumulatesPerExpert) {
                                             tensor(dy, {Nr, Mo}), none, dw16), Error);
 }
 
+TEST(SumAccumulate, AddsF64ValuesInOrderAndChecksDtypes) {
+  Context ctx;
+  Tensor x = Tensor::zeros({3}, DType::kF64);
+  x.data<double>()[0] = 1e16, x.data<double>()[1] = 1.0, x.data<double>()[2] = -1e16;
+  Tensor acc = Tensor::zeros({1}, DType::kF64);
+  acc.data<double>()[0] = 0.5;
+  ops::sum_accumulate(ctx, x, acc);
+  EXPECT_EQ(acc.data<double>()[0], 0.5 + ((1e16 + 1.0) - 1e16));  // element order, added to acc
+  Tensor f32 = Tensor::zeros({3}, DType::kF32);
+  EXPECT_THROW(ops::sum_accumulate(ctx, f32, acc), Error);
+  Tensor two = Tensor::zeros({2}, DType::kF64);
+  EXPECT_THROW(ops::sum_accumulate(ctx, x, two), Error);
+}
+
 TEST(SumSquaresAccumulate, F32AndBf16IntoOneF64Accumulator) {
   Context ctx;
   ctx.set_num_threads(2);

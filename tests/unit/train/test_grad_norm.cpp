@@ -66,6 +66,7 @@ TEST(GradNorm, KnownExpertSumsMatchTheFullRead) {
     const double fused = fused_norm(ctx, *s.model, opt);
     ASSERT_GT(full, 0.0);
     EXPECT_NEAR(fused, full, 1e-12 * full) << dtype_name(gdt);
+    EXPECT_EQ(fused_norm(ctx, *s.model, opt), fused) << "the known sum is read, not consumed";
     // A later training pass without the request invalidates the sums.
     s.model->forward_backward(ctx, s.batch, s.grads);
     EXPECT_EQ(s.model->grad_sum_squares(), nullptr);
