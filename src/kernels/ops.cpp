@@ -527,33 +527,83 @@ double cross_entropy(Context& ctx, const Tensor& logits, const Tensor& labels, c
 }
 
 // ---- AdamW ---------------------------------------------------------------------------------
-void adamw_step(Context& ctx, Tensor& master, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p,
-                Tensor& compute) {
+namespace {
+// adamw_step's argument checks (grad: its shape and dtype; also used by grouped_matmul_backward_adamw).
+void check_adamw(const Tensor& master, const Shape& grad_shape, DType grad_dtype, const Tensor& m, const Tensor& v,
+                 const AdamWParams& p, const Tensor& compute) {
   const char* op = "adamw_step";
-  const Device dev = device_of(ctx, op, {{master, "master"}, {grad, "grad"}, {m, "m"}, {v, "v"},
-                                         {compute, "compute"}});
-  auto f32_or_bf16 = [&](const Tensor& t, const char* name) {
-    MT_CHECK(t.dtype() == DType::kF32 || t.dtype() == DType::kBF16, "[adamw_step] {} is {}, expected f32 or bf16",
-             name, dtype_name(t.dtype()));
+  auto f32_or_bf16 = [&](DType t, const char* name) {
+    MT_CHECK(t == DType::kF32 || t == DType::kBF16, "[adamw_step] {} is {}, expected f32 or bf16", name, dtype_name(t));
   };
-  f32_or_bf16(master, "master");
-  check_shape(grad, master.shape(), op, "grad");
+  f32_or_bf16(master.dtype(), "master");
+  MT_CHECK(grad_shape == master.shape(), "[adamw_step] grad is {}, expected master's shape {}", shape_str(grad_shape),
+           shape_str(master.shape()));
   check_shape(m, master.shape(), op, "m");
   check_shape(v, master.shape(), op, "v");
-  f32_or_bf16(grad, "grad");
-  f32_or_bf16(m, "m");
-  f32_or_bf16(v, "v");
+  f32_or_bf16(grad_dtype, "grad");
+  f32_or_bf16(m.dtype(), "m");
+  f32_or_bf16(v.dtype(), "v");
   if (compute.defined()) {
     MT_CHECK(compute.numel() == master.numel(), "[adamw_step] compute {} and master {} differ in element count",
              compute.desc(), master.desc());
-    f32_or_bf16(compute, "compute");
+    f32_or_bf16(compute.dtype(), "compute");
     MT_CHECK(compute.storage() != master.storage(), "[adamw_step] compute shares storage with master; pass an "
              "undefined compute tensor when the weights are their own master");
   }
   MT_CHECK(p.step >= 1, "[adamw_step] step = {} must be >= 1 (1-based, for bias correction)", p.step);
   MT_CHECK(p.beta1 >= 0.0f && p.beta1 < 1.0f && p.beta2 >= 0.0f && p.beta2 < 1.0f,
            "[adamw_step] betas ({}, {}) must be in [0, 1)", p.beta1, p.beta2);
+}
+}  // namespace
+
+void adamw_step(Context& ctx, Tensor& master, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p,
+                Tensor& compute) {
+  const char* op = "adamw_step";
+  const Device dev = device_of(ctx, op, {{master, "master"}, {grad, "grad"}, {m, "m"}, {v, "v"},
+                                         {compute, "compute"}});
+  MT_CHECK(grad.defined(), "[adamw_step] grad is undefined");
+  check_adamw(master, grad.shape(), grad.dtype(), m, v, p, compute);
   MT_DISPATCH(dev, adamw_step, ctx, master, grad, m, v, p, compute);
+}
+
+void grouped_matmul_backward_adamw(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& offsets,
+                                   const Tensor& dy, Tensor& dx, DType grad_dtype, Tensor& grad, bool accumulate,
+                                   AdamWTarget& target, Tensor* sum_squares) {
+  const char* op = "grouped_matmul_backward_adamw";
+  MT_CHECK(grad_dtype == DType::kF32 || grad_dtype == DType::kBF16, "[{}] grad_dtype is {}, expected f32 or bf16", op,
+           dtype_name(grad_dtype));
+  MT_CHECK(grad.defined() || !accumulate, "[{}] accumulate needs the gradient buffer (grad is undefined)", op);
+  if (grad.defined()) {
+    check_shape(grad, w.shape(), op, "grad");
+    MT_CHECK(grad.dtype() == grad_dtype, "[{}] grad is {}, expected {}", op, grad.desc(), dtype_name(grad_dtype));
+  }
+  check_shape(target.master, w.shape(), op, "master");
+  check_adamw(target.master, w.shape(), grad_dtype, target.m, target.v, target.params, target.compute);
+  static const Tensor kNone;
+  const Tensor& ss = sum_squares ? *sum_squares : kNone;
+  const Device dev = device_of(ctx, op, {{x, "x"}, {w, "w"}, {offsets, "offsets"}, {dy, "dy"}, {dx, "dx"},
+                                         {grad, "grad"}, {target.master, "master"}, {target.m, "m"},
+                                         {target.v, "v"}, {target.compute, "compute"}, {ss, "sum_squares"}});
+  if (sum_squares) expect(ss, {1}, DType::kF64, op, "sum_squares");
+  expect_float(x, {-1, -1}, op, "x");
+  expect_float(w, {-1, -1, x.size(1)}, op, "w");
+  check_same_dtype(w, x, op, "w", "x");
+  expect(offsets, {w.size(0) + 1}, DType::kI32, op, "offsets");
+  expect_float(dy, {x.size(0), w.size(1)}, op, "dy");
+  if (dx.defined()) expect_float(dx, x.shape(), op, "dx");
+#ifdef MT_WITH_CUDA
+  // The Hopper dW kernel applies the update in its epilogue (false: not this configuration).
+  if (dev.is_cuda()) {
+    const ProfileScope scope(ctx, op);  // (near zero when it declines: the two ops below count themselves)
+    if (cuda::grouped_matmul_backward_adamw(ctx, x, w, offsets, dy, dx, grad_dtype, accumulate ? grad : Tensor(),
+                                            target, sum_squares))
+      return;
+  }
+#endif
+  // Elsewhere: the gradient into its buffer (or a workspace tensor), then adamw_step.
+  Tensor g = grad.defined() ? grad : Tensor::empty(w.shape(), grad_dtype, dev, MemCategory::kWorkspace);
+  grouped_matmul_backward(ctx, x, w, offsets, dy, dx, g, accumulate, sum_squares);
+  adamw_step(ctx, target.master, g, target.m, target.v, target.params, target.compute);
 }
 
 }  // namespace moetrain::ops

@@ -177,4 +177,25 @@ struct AdamWParams {
 void adamw_step(Context& ctx, Tensor& master, const Tensor& grad, Tensor& m, Tensor& v,
                 const AdamWParams& p, Tensor& compute);
 
+// ---- expert backward with the AdamW update (optimizer.update_in_backward) --------------------
+// One parameter's AdamW state and settings for a step (adamw_step's arguments, grad aside).
+struct AdamWTarget {
+  Tensor master, m, v, compute;  // compute: undefined when the weights are their own master
+  AdamWParams params;
+};
+// grouped_matmul_backward whose weight gradient goes straight into AdamW: dx as there, then
+// g = dy_e^T x_e (+ grad when accumulate, summed in f32), rounded to grad_dtype (f32 or bf16) as
+// if stored, and adamw_step(target.master, g, target.m, target.v, target.params, target.compute)
+// with it. The bits equal that pair of calls. grad: the gradient buffer (grad_dtype, w's shape),
+// read when accumulate (earlier micro-batches' sum); afterwards it holds this step's gradient (two-op
+// path) or is left as it was (fused path), so treat it as scratch. It may be undefined when not
+// accumulating (a workspace tensor is taken if the two-op path needs one). On Hopper with an f32
+// master the dW kernel's epilogue applies the update and the gradient never reaches memory
+// (docs/design/kernels.md, "AdamW in the dW epilogue"). target.master may be w itself (bf16
+// weights without a master copy): dx is formed first. sum_squares: += the sum of squares of g as
+// stored (the gradient norm). Experts without rows still get their update (g = prior or 0).
+void grouped_matmul_backward_adamw(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& offsets,
+                                   const Tensor& dy, Tensor& dx, DType grad_dtype, Tensor& grad, bool accumulate,
+                                   AdamWTarget& target, Tensor* sum_squares = nullptr);
+
 }  // namespace moetrain::ops

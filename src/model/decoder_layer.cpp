@@ -155,7 +155,7 @@ void dense_ffn_backward(Context& ctx, const LayerParams& w, LayerParams& g, cons
 
 void moe_ffn_backward(Context& ctx, const ModelConfig& cfg, const LayerParams& w, LayerParams& g,
                       const LayerActs& s, const RouterLossGrad& rg, const Tensor& dy, Tensor& db, float gb,
-                      Tensor* grad_sums) {
+                      Tensor* grad_sums, const ExpertUpdates& upd) {
   const int64_t T = s.b.size(0), H = cfg.hidden_size, E = cfg.num_experts;
   const int64_t k = cfg.num_experts_per_tok, I = cfg.moe_intermediate_size;
   const DType dt = s.b.dtype();
@@ -164,15 +164,23 @@ void moe_ffn_backward(Context& ctx, const ModelConfig& cfg, const LayerParams& w
   Tensor dtopk_w = work_empty({T, k}, DType::kF32, dev);
   ops::moe_unpermute_backward(ctx, dy, s.yp, s.row_of, s.topk_w, dyp, dtopk_w);
   Tensor dact = work_empty({T * k, I}, dt, dev);
-  ops::grouped_matmul_backward(ctx, s.act, w.experts_down, s.offsets, dyp, dact, g.experts_down, gb != 0.0f,
-                               grad_sums);
+  // Each expert matrix: its gradient into g (= or +=), or straight into its AdamW update.
+  auto expert_backward = [&](const Tensor& x, const Tensor& wt, const Tensor& dout_rows, Tensor& dx, Tensor& gw,
+                             ops::AdamWTarget* target) {
+    if (!target) {
+      ops::grouped_matmul_backward(ctx, x, wt, s.offsets, dout_rows, dx, gw, gb != 0.0f, grad_sums);
+      return;
+    }
+    ops::grouped_matmul_backward_adamw(ctx, x, wt, s.offsets, dout_rows, dx, gw.dtype(), gw, gb != 0.0f, *target,
+                                       grad_sums);
+  };
+  expert_backward(s.act, w.experts_down, dyp, dact, g.experts_down, upd.down);
   dyp = Tensor();
   Tensor dgu = work_empty({T * k, 2 * I}, dt, dev);
   ops::swiglu_backward(ctx, s.gu, dact, dgu);
   dact = Tensor();
   Tensor dxp = work_empty({T * k, H}, dt, dev);
-  ops::grouped_matmul_backward(ctx, s.xp, w.experts_gate_up, s.offsets, dgu, dxp, g.experts_gate_up, gb != 0.0f,
-                               grad_sums);
+  expert_backward(s.xp, w.experts_gate_up, dgu, dxp, g.experts_gate_up, upd.gate_up);
   dgu = Tensor();
   ops::moe_permute_backward(ctx, dxp, s.row_of, db);
 
@@ -253,14 +261,14 @@ Tensor decoder_layer_forward(Context& ctx, const ModelConfig& cfg, const LayerPa
 
 void decoder_layer_backward(Context& ctx, const ModelConfig& cfg, const LayerParams& w, LayerParams& g,
                             const Batch& batch, const LayerActs& s, const RouterLossGrad& rg, Tensor& dout,
-                            bool overwrite_grads, Tensor* expert_grad_sums) {
+                            bool overwrite_grads, Tensor* expert_grad_sums, const ExpertUpdates& expert_updates) {
   const float gb = overwrite_grads ? 0.0f : 1.0f;  // beta of the matrix-gradient GEMMs
   const int64_t T = s.x.size(0), H = cfg.hidden_size;
   MT_CHECK(s.x.defined() && s.b.defined(), "[decoder_layer] backward without saved activations");
   check_shape(dout, {T, H}, "decoder_layer", "dout");
   Tensor db = work_empty({T, H}, s.b.dtype(), s.b.device());
   if (w.sparse) {
-    moe_ffn_backward(ctx, cfg, w, g, s, rg, dout, db, gb, expert_grad_sums);
+    moe_ffn_backward(ctx, cfg, w, g, s, rg, dout, db, gb, expert_grad_sums, expert_updates);
   } else {
     dense_ffn_backward(ctx, w, g, s, dout, db, gb);
   }

@@ -8,6 +8,7 @@
 
 #include "core/context.h"
 #include "core/tensor.h"
+#include "kernels/ops.h"
 #include "model/batch.h"
 #include "model/config.h"
 #include "model/params.h"
@@ -63,9 +64,16 @@ Tensor decoder_layer_forward(Context& ctx, const ModelConfig& cfg, const LayerPa
 // overwrite_grads: the matrix gradients are written (beta 0) instead of accumulated; norm weight
 // gradients are always accumulated. expert_grad_sums ([1] f64, MoE layers): when given, the sums of
 // squares of the two expert weight gradients (as stored after this pass) are added to it.
+// expert_updates (MoE layers): an expert weight with a target gets its AdamW update as its gradient
+// is formed (ops::grouped_matmul_backward_adamw; its gradient in `g` is read, not written).
+struct ExpertUpdates {
+  ops::AdamWTarget* gate_up = nullptr;
+  ops::AdamWTarget* down = nullptr;
+};
 void decoder_layer_backward(Context& ctx, const ModelConfig& cfg, const LayerParams& w, LayerParams& g,
                             const Batch& batch, const LayerActs& s, const RouterLossGrad& rg, Tensor& dout,
-                            bool overwrite_grads = false, Tensor* expert_grad_sums = nullptr);
+                            bool overwrite_grads = false, Tensor* expert_grad_sums = nullptr,
+                            const ExpertUpdates& expert_updates = {});
 
 // Recompute::kSelective: drop the [S] fields of LayerActs after forward, and rebuild them (as
 // activations) before backward.

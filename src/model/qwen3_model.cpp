@@ -227,6 +227,8 @@ ForwardResult Qwen3Model::run_forward_(Context& ctx, const Batch& batch, Pass pa
     overwrite_pass_ = std::exchange(overwrite_next_, false);
     sums_pass_ = std::exchange(sums_next_, false);
     sums_valid_ = false;  // the gradients are about to change
+    updates_pass_ = std::exchange(updates_next_, {});
+    updated_.clear();
   }
   stats_ = Tensor::zeros({1 + num_sparse_ * stats_stride(E)}, DType::kF32, dev, MemCategory::kActivations);
   if (num_sparse_ > 0) aux_counts_total_ = Tensor::zeros({E}, DType::kF32, dev, MemCategory::kActivations);
@@ -331,8 +333,28 @@ void Qwen3Model::backward(Context& ctx, ModelParams& grads) {
   const int64_t E = cfg.num_experts;
   sums_.grads.clear();
   if (sums_pass_) sums_.sum = Tensor::zeros({1}, DType::kF64, dev, MemCategory::kWorkspace);
+  // In-backward updates: every listed weight must be an expert weight of this model.
+  auto target_of = [&](const Tensor& w, std::vector<bool>& used) -> ops::AdamWTarget* {
+    for (size_t i = 0; i < updates_pass_.size(); ++i)
+      if (updates_pass_[i].first.data_ptr() == w.data_ptr() && updates_pass_[i].first.numel() == w.numel()) {
+        used[i] = true;
+        return &updates_pass_[i].second;
+      }
+    return nullptr;
+  };
+  std::vector<bool> used(updates_pass_.size(), false);
+  std::vector<ExpertUpdates> layer_updates(params_.layers.size());
+  for (size_t l = 0; l < params_.layers.size(); ++l) {
+    if (!params_.layers[l].sparse || updates_pass_.empty()) continue;
+    layer_updates[l].down = target_of(params_.layers[l].experts_down, used);
+    layer_updates[l].gate_up = target_of(params_.layers[l].experts_gate_up, used);
+  }
+  for (size_t i = 0; i < used.size(); ++i)
+    MT_CHECK(used[i], "[model] in-backward update {} of {} ({}) is not an expert weight of this model",
+             i, used.size(), updates_pass_[i].first.desc());
   for (int64_t l = cfg.num_hidden_layers - 1; l >= 0; --l) {
     const LayerParams& w = params_.layers[l];
+    const ExpertUpdates& upd = layer_updates[static_cast<size_t>(l)];
     Tensor* sums = sums_pass_ && w.sparse ? &sums_.sum : nullptr;
     if (sums) sums_.grads.push_back(grads.layers[l].experts_down), sums_.grads.push_back(grads.layers[l].experts_gate_up);
     RouterLossGrad rg;
@@ -351,20 +373,20 @@ void Qwen3Model::backward(Context& ctx, ModelParams& grads) {
     }
     switch (opts_.recompute) {
       case Recompute::kNone:
-        decoder_layer_backward(ctx, cfg, w, grads.layers[l], batch_, acts_[l], rg, dh, overwrite_pass_, sums);
+        decoder_layer_backward(ctx, cfg, w, grads.layers[l], batch_, acts_[l], rg, dh, overwrite_pass_, sums, upd);
         break;
       case Recompute::kSelective: {
         LayerActs s = acts_[l];
         acts_[l].clear();
         restore_recomputed(ctx, cfg, w, batch_, s);
-        decoder_layer_backward(ctx, cfg, w, grads.layers[l], batch_, s, rg, dh, overwrite_pass_, sums);
+        decoder_layer_backward(ctx, cfg, w, grads.layers[l], batch_, s, rg, dh, overwrite_pass_, sums, upd);
         break;
       }
       case Recompute::kFull: {
         LayerActs s;
         decoder_layer_forward(ctx, cfg, w, batch_, acts_[l].x, set, s);
         acts_[l].clear();
-        decoder_layer_backward(ctx, cfg, w, grads.layers[l], batch_, s, rg, dh, overwrite_pass_, sums);
+        decoder_layer_backward(ctx, cfg, w, grads.layers[l], batch_, s, rg, dh, overwrite_pass_, sums, upd);
         break;
       }
     }
@@ -373,6 +395,8 @@ void Qwen3Model::backward(Context& ctx, ModelParams& grads) {
   ops::embedding_backward(ctx, batch_.tokens, dh, grads.embed);
   overwrite_pass_ = false;
   sums_valid_ = std::exchange(sums_pass_, false);
+  for (auto& [w, t] : updates_pass_) updated_.push_back(w);
+  updates_pass_.clear();
   release();
 }
 

@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/context.h"
@@ -104,6 +105,16 @@ class Qwen3Model {
   };
   void request_grad_sum_squares() { sums_next_ = true; }
   const GradSumSquares* grad_sum_squares() const { return sums_valid_ ? &sums_ : nullptr; }
+  // The next training pass applies these AdamW updates to the listed expert weights (matched by
+  // storage) as their gradients are formed (ops::grouped_matmul_backward_adamw;
+  // optimizer.update_in_backward): their gradient tensors in `grads` are read (earlier
+  // micro-batches' sum) but not written. Only expert weights may be listed (checked at the pass).
+  // Call it before a step's last micro-batch; after that pass, updated_in_backward() lists the
+  // weights that were updated.
+  void request_in_backward_updates(std::vector<std::pair<Tensor, ops::AdamWTarget>> updates) {
+    updates_next_ = std::move(updates);
+  }
+  const std::vector<Tensor>& updated_in_backward() const { return updated_; }
   // Forward only: log p(label_t | prefix) per token [T] f32, 0 where label_t == -100 (DPO, eval).
   // No host read.
   Tensor token_logprobs(Context& ctx, const Batch& batch);
@@ -131,6 +142,8 @@ class Qwen3Model {
   bool overwrite_pass_ = false;  // this training pass writes the matrix gradients
   bool sums_next_ = false, sums_pass_ = false, sums_valid_ = false;  // request_grad_sum_squares()
   GradSumSquares sums_;
+  std::vector<std::pair<Tensor, ops::AdamWTarget>> updates_next_, updates_pass_;  // request_in_backward_updates()
+  std::vector<Tensor> updated_;
   Batch batch_;
   std::vector<LayerActs> acts_;
   Tensor final_in_, final_out_, final_rstd_;  // [T,H], [T,H], [T] (head not yet differentiated)

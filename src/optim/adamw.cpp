@@ -105,24 +105,53 @@ double AdamW::grad_norm(Context& ctx, double scale, const Tensor& known_sum, con
   return std::sqrt(host.data<double>()[0]) * std::abs(scale);
 }
 
-void AdamW::step(Context& ctx, double lr, double grad_scale) {
+ops::AdamWParams AdamW::params_for_(Context& ctx, size_t i, double lr, double grad_scale, int64_t step) const {
+  ops::AdamWParams ap;
+  ap.lr = static_cast<float>(lr);
+  ap.beta1 = static_cast<float>(cfg_.beta1);
+  ap.beta2 = static_cast<float>(cfg_.beta2);
+  ap.eps = static_cast<float>(cfg_.eps);
+  ap.weight_decay = roles_[i] == ParamRole::kDecay ? static_cast<float>(cfg_.weight_decay) : 0.0f;
+  ap.step = step;
+  ap.grad_scale = static_cast<float>(grad_scale);
+  // One stream per (parameter, step); element j of the parameter reads word j % 4 of call j / 4.
+  ap.stochastic_rounding = cfg_.stochastic_rounding && master_[i].dtype() == DType::kBF16;
+  ap.rng = ctx.rng(kRngPurposeAdamWRounding + i, static_cast<uint64_t>(step));
+  return ap;
+}
+
+namespace {
+bool in_list(const std::vector<Tensor>& list, const Tensor& x) {
+  for (const Tensor& t : list)
+    if (t.defined() && t.data_ptr() == x.data_ptr() && t.numel() == x.numel()) return true;
+  return false;
+}
+}  // namespace
+
+void AdamW::step(Context& ctx, double lr, double grad_scale, const std::vector<Tensor>& done) {
   ++step_;
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (roles_[i] == ParamRole::kFrozen) continue;
-    ops::AdamWParams ap;
-    ap.lr = static_cast<float>(lr);
-    ap.beta1 = static_cast<float>(cfg_.beta1);
-    ap.beta2 = static_cast<float>(cfg_.beta2);
-    ap.eps = static_cast<float>(cfg_.eps);
-    ap.weight_decay = roles_[i] == ParamRole::kDecay ? static_cast<float>(cfg_.weight_decay) : 0.0f;
-    ap.step = step_;
-    ap.grad_scale = static_cast<float>(grad_scale);
-    // One stream per (parameter, step); element j of the parameter reads word j % 4 of call j / 4.
-    ap.stochastic_rounding = cfg_.stochastic_rounding && master_[i].dtype() == DType::kBF16;
-    ap.rng = ctx.rng(kRngPurposeAdamWRounding + i, static_cast<uint64_t>(step_));
+    if (roles_[i] == ParamRole::kFrozen || in_list(done, params_[i].weight)) continue;
+    const ops::AdamWParams ap = params_for_(ctx, i, lr, grad_scale, step_);
     Tensor compute = master_[i].storage() == params_[i].weight.storage() ? Tensor() : params_[i].weight;
     ops::adamw_step(ctx, master_[i], params_[i].grad, m_[i], v_[i], ap, compute);
   }
+}
+
+std::vector<std::pair<Tensor, ops::AdamWTarget>> AdamW::in_backward_targets(Context& ctx, double lr,
+                                                                           const std::vector<Tensor>& weights) const {
+  std::vector<std::pair<Tensor, ops::AdamWTarget>> out;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (roles_[i] == ParamRole::kFrozen || !in_list(weights, params_[i].weight)) continue;
+    ops::AdamWTarget t;
+    t.master = master_[i];
+    t.m = m_[i];
+    t.v = v_[i];
+    if (master_[i].storage() != params_[i].weight.storage()) t.compute = params_[i].weight;
+    t.params = params_for_(ctx, i, lr, 1.0, step_ + 1);
+    out.emplace_back(params_[i].weight, std::move(t));
+  }
+  return out;
 }
 
 void AdamW::zero_grad() {

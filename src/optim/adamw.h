@@ -13,6 +13,7 @@
 
 #include "core/context.h"
 #include "core/tensor.h"
+#include "kernels/ops.h"
 
 namespace moetrain {
 
@@ -61,7 +62,15 @@ class AdamW {
   double grad_norm(Context& ctx, double scale = 1.0, const Tensor& known_sum = Tensor(),
                    const std::vector<Tensor>& known_grads = {}) const;
   // One update with learning rate `lr`; every gradient is multiplied by grad_scale first.
-  void step(Context& ctx, double lr, double grad_scale);
+  // Parameters whose weights are in `done` (matched by storage) were updated in backward this
+  // step (in_backward_targets) and are left alone; the step count advances either way.
+  void step(Context& ctx, double lr, double grad_scale, const std::vector<Tensor>& done = {});
+  // The coming step's update (step_count() + 1, learning rate lr, no gradient scaling) of each
+  // trainable parameter among `weights` (matched by storage; frozen ones are left out), as
+  // (weight, target) pairs for a kernel that applies AdamW while it forms the gradient
+  // (ops::grouped_matmul_backward_adamw, optimizer.update_in_backward). Bits equal step()'s.
+  std::vector<std::pair<Tensor, ops::AdamWTarget>> in_backward_targets(Context& ctx, double lr,
+                                                                      const std::vector<Tensor>& weights) const;
   void zero_grad();  // zeroes every gradient (frozen ones too)
 
   int64_t step_count() const { return step_; }
@@ -79,6 +88,7 @@ class AdamW {
  private:
   std::vector<OptimParam> params_;
   std::vector<ParamRole> roles_;
+  ops::AdamWParams params_for_(Context& ctx, size_t i, double lr, double grad_scale, int64_t step) const;
   std::vector<Tensor> master_, m_, v_;  // undefined for frozen params; master_ may alias the weights
   AdamWConfig cfg_;
   int64_t step_ = 0;

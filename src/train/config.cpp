@@ -220,6 +220,7 @@ const std::vector<Field>& schema() {
       MT_KEY(optimizer, exp_avg_dtype, "fp32 or bf16: AdamW first moment m"),
       MT_KEY(optimizer, exp_avg_sq_dtype, "fp32 or bf16: AdamW second moment v"),
       MT_KEY(optimizer, stochastic_rounding, "main_params_dtype bf16: round each update stochastically (Philox, reproducible per seed and step); false: round to nearest even"),
+      MT_KEY(optimizer, update_in_backward, "apply AdamW to the expert weights as their gradients are formed on a step's last micro-batch (in the dW GEMM's epilogue on Hopper: the gradient is never written or read back); needs clip_grad 0, and a non-finite step then stops the run instead of being skipped"),
       MT_KEY(parallel, tensor_model_parallel_size, "tensor parallelism (1: not supported beyond 1 yet)"),
       MT_KEY(parallel, pipeline_model_parallel_size, "pipeline parallelism (1: not supported beyond 1 yet)"),
       MT_KEY(parallel, expert_model_parallel_size, "experts split over this many ranks"),
@@ -422,6 +423,9 @@ void TrainConfig::validate() const {
   check_choice(optimizer.exp_avg_dtype, {"fp32", "bf16"}, "optimizer.exp_avg_dtype", s);
   check_choice(optimizer.exp_avg_sq_dtype, {"fp32", "bf16"}, "optimizer.exp_avg_sq_dtype", s);
   MT_CHECK(optimizer.weight_decay >= 0 && optimizer.clip_grad >= 0, "[config] {}: optimizer.weight_decay and clip_grad must be >= 0", s);
+  MT_CHECK(!optimizer.update_in_backward || optimizer.clip_grad == 0,
+           "[config] {}: optimizer.update_in_backward needs optimizer.clip_grad 0 (clipping scales every gradient by a "
+           "factor known only after the last one; got clip_grad {})", s, optimizer.clip_grad);
   LrSchedule sched;
   sched.max_lr = optimizer.lr;
   sched.min_lr = optimizer.min_lr;

@@ -68,6 +68,9 @@ struct OptimizerSection {
   std::string exp_avg_dtype = "fp32";
   std::string exp_avg_sq_dtype = "fp32";
   bool stochastic_rounding = true;         // bf16 main params: stochastic vs nearest-even rounding
+  // Expert weights updated as their gradients are formed on a step's last micro-batch (needs
+  // clip_grad 0; docs/design/kernels.md "AdamW in the dW epilogue").
+  bool update_in_backward = false;
 };
 
 struct ParallelSection {

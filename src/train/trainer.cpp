@@ -118,6 +118,7 @@ class Trainer {
  private:
   void setup_model_();
   void setup_optimizer_();
+  std::vector<Tensor> expert_weights_();  // the MoE layers' expert weights (update_in_backward)
   std::optional<std::string> resume_source_();
   void resume_(const std::string& step_dir);
   void train_step_(int64_t step);
@@ -302,6 +303,13 @@ bool Trainer::next_micro_batch_(MicroBatch& mb) {
   return true;
 }
 
+std::vector<Tensor> Trainer::expert_weights_() {
+  std::vector<Tensor> out;
+  for (const LayerParams& l : params_.layers)
+    if (l.sparse) out.push_back(l.experts_gate_up), out.push_back(l.experts_down);
+  return out;
+}
+
 void Trainer::train_step_(int64_t step) {
   const auto t0 = Clock::now();
   allocator_for(device_).reset_peaks();
@@ -312,7 +320,16 @@ void Trainer::train_step_(int64_t step) {
   DpoMetrics dm;  // objective dpo: sums over the global batch's pairs
   // The last micro-batch's backward also sums the squares of the expert gradients it writes, so
   // the norm below need not read them again (MT_FUSED_GRAD_NORM=0 turns it off, for comparisons).
-  static const bool fused_norm = env_int("MT_FUSED_GRAD_NORM", 1) != 0;
+  static const bool fused_norm_env = env_int("MT_FUSED_GRAD_NORM", 1) != 0;
+  // optimizer.update_in_backward: the expert weights get their AdamW update as the last
+  // micro-batch's backward forms their gradients (the norm then needs the fused sums).
+  const bool in_backward = cfg_.optimizer.update_in_backward;
+  const bool fused_norm = fused_norm_env || in_backward;
+  const double lr = sched_.lr_at(step);
+  auto before_last_pass = [&] {
+    if (fused_norm) model_->request_grad_sum_squares();
+    if (in_backward) model_->request_in_backward_updates(opt_->in_backward_targets(ctx_, lr, expert_weights_()));
+  };
   if (dpo_) {
     // All micro-batches first, so that each pair weighs 1 / (pairs of the global batch).
     std::vector<PairBatch> pbs(static_cast<size_t>(accum_));
@@ -327,7 +344,7 @@ void Trainer::train_step_(int64_t step) {
     }
     const double pair_scale = 1.0 / static_cast<double>(std::max<int64_t>(pairs, 1));
     for (auto& pb : pbs) {
-      if (fused_norm && &pb == &pbs.back()) model_->request_grad_sum_squares();
+      if (&pb == &pbs.back()) before_last_pass();
       DpoMicroResult r = dpo_->forward_backward(ctx_, *model_, grads_, pb, pair_scale);
       dm.merge(r.metrics);
       aux += r.forward.aux, z += r.forward.z;
@@ -346,7 +363,7 @@ void Trainer::train_step_(int64_t step) {
     const float scale = 1.0f / static_cast<float>(std::max<int64_t>(trained, 1));
     const ProfileScope region(ctx_, "forward_backward", ProfileKind::kRegion);
     for (const auto& mb : mbs) {
-      if (fused_norm && &mb == &mbs.back()) model_->request_grad_sum_squares();
+      if (&mb == &mbs.back()) before_last_pass();
       ForwardResult r = model_->forward_backward(ctx_, to_batch(mb, scale, device_), grads_);
       ce += r.ce, aux += r.aux, z += r.z;
       router.add(r.router);
@@ -356,16 +373,19 @@ void Trainer::train_step_(int64_t step) {
   // DPO: the objective is the mean pair loss (the forward's CE weights were zero, so ce is 0).
   const double objective = dpo_ ? dm.mean(dm.loss) : ce;
   const double loss = objective + cfg_.model.moe_aux_loss_coeff * aux + cfg_.model.moe_z_loss_coeff * z;
-  const double lr = sched_.lr_at(step);
   std::optional<ProfileScope> region(std::in_place, ctx_, "grad_norm", ProfileKind::kRegion);
   const Qwen3Model::GradSumSquares* known = model_->grad_sum_squares();
   const double gnorm = known ? opt_->grad_norm(ctx_, 1.0, known->sum, known->grads) : opt_->grad_norm(ctx_);
   region.reset();
   const bool finite = std::isfinite(gnorm) && std::isfinite(loss);
   const double clip = clip_coefficient(gnorm, cfg_.optimizer.clip_grad);
+  MT_CHECK(finite || !in_backward,
+           "[train] step {}: non-finite loss or gradient norm ({}, {}) with optimizer.update_in_backward: the expert "
+           "weights were updated during backward, so the step cannot be skipped; resume from the last checkpoint "
+           "(with update_in_backward false, such steps are skipped)", step, loss, gnorm);
   if (finite) {
     const ProfileScope opt_region(ctx_, "optimizer", ProfileKind::kRegion);
-    opt_->step(ctx_, lr, clip);
+    opt_->step(ctx_, lr, clip, model_->updated_in_backward());
   } else {
     ++skipped_steps_;
     MT_LOG_WARN("[train] step {}: non-finite loss or gradient norm ({}, {}); update skipped", step, loss, gnorm);

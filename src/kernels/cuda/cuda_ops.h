@@ -97,5 +97,15 @@ double cross_entropy(Context& ctx, const Tensor& logits, const Tensor& labels, c
 // ---- AdamW ---------------------------------------------------------------------------------
 void adamw_step(Context& ctx, Tensor& master, const Tensor& grad, Tensor& m, Tensor& v,
                 const AdamWParams& p, Tensor& compute);
+// The dx half of grouped_matmul_backward (the same kernels), for grouped_matmul_backward_adamw.
+void grouped_matmul_dx(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& offsets, const Tensor& dy,
+                       Tensor& dx);
+// The fused expert dW + AdamW on Hopper (ops::grouped_matmul_backward_adamw; grad_prior: the
+// gradient to add to, or undefined); false, with nothing done, when this GPU or configuration has
+// no fused kernel, or when the fused kernel is the slower choice (a bf16 master: see
+// docs/design/kernels.md) unless `force` (tests, benchmarks). The caller then runs the two ops.
+bool grouped_matmul_backward_adamw(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& offsets,
+                                   const Tensor& dy, Tensor& dx, DType grad_dtype, const Tensor& grad_prior,
+                                   ops::AdamWTarget& target, Tensor* sum_squares, bool force = false);
 
 }  // namespace moetrain::cuda

@@ -199,6 +199,42 @@ void grouped_matmul(Context& ctx, const Tensor& x, const Tensor& w, const Tensor
   check_launch(op);
 }
 
+// dx = dy W[e] over each expert's rows (the dx half of grouped_matmul_backward; dims checked there).
+void grouped_matmul_dx(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& offsets, const Tensor& dy,
+                       Tensor& dx) {
+  const char* op = "grouped_matmul_backward";
+  const GmmDims d = check_gmm(x, w, offsets, op);
+  cudaStream_t s = stream_of(ctx);
+  if (d.N && d.K) {
+    need_cuda(dx, op, "dx");
+    need_numel(dx, d.N * d.K, op, "dx");
+    const dim3 grid(static_cast<unsigned>((d.K + kBN - 1) / kBN), static_cast<unsigned>((d.N + kBM - 1) / kBM));
+    need_dtype(dx, x.dtype(), op, "dx");
+    if (x.dtype() == DType::kBF16 && use_ws_kernel() &&
+        grouped_gemm_ws_supported(ctx, d.N, d.K, d.M, d.E, dy.data_ptr(), w.data_ptr(), dx.data_ptr())) {
+      grouped_gemm_ws_dx(ctx, static_cast<const __nv_bfloat16*>(dy.data_ptr()),
+                         static_cast<const __nv_bfloat16*>(w.data_ptr()), offsets.data<int32_t>(),
+                         static_cast<int>(d.E), d.N, d.K, d.M, static_cast<__nv_bfloat16*>(dx.data_ptr()));
+    } else if (x.dtype() == DType::kBF16 &&
+        grouped_gemm_wgmma_supported(ctx, d.N, d.K, d.M, d.E, dy.data_ptr(), w.data_ptr(), dx.data_ptr())) {
+      grouped_gemm_wgmma_dx(ctx, static_cast<const __nv_bfloat16*>(dy.data_ptr()),
+                            static_cast<const __nv_bfloat16*>(w.data_ptr()), offsets.data<int32_t>(),
+                            static_cast<int>(d.E), d.N, d.K, d.M, static_cast<__nv_bfloat16*>(dx.data_ptr()));
+    } else if (x.dtype() == DType::kBF16 && grouped_gemm_mma_supported(d.N, d.K, d.M, d.E, dy.data_ptr(), w.data_ptr(),
+                                                                 dx.data_ptr())) {
+      grouped_gemm_mma_dx(ctx, static_cast<const __nv_bfloat16*>(dy.data_ptr()),
+                          static_cast<const __nv_bfloat16*>(w.data_ptr()), offsets.data<int32_t>(),
+                          static_cast<int>(d.E), d.N, d.K, d.M, static_cast<__nv_bfloat16*>(dx.data_ptr()));
+    } else {
+      MT_CUDA_DISPATCH(x.dtype(), T, op,
+        gmm_rows_kernel<T, T, T, false><<<grid, kThreads, 0, s>>>(
+            static_cast<const T*>(dy.data_ptr()), static_cast<const T*>(w.data_ptr()), offsets.data<int32_t>(),
+            static_cast<int>(d.E), d.N, d.M, d.K, static_cast<T*>(dx.data_ptr())));
+      check_launch(op);
+    }
+  }
+}
+
 bool grouped_matmul_backward_ex(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& offsets,
                                 const Tensor& dy, Tensor& dx, Tensor& dw, bool dw_accumulate, double* sum_squares);
 
@@ -232,34 +268,7 @@ bool grouped_matmul_backward_ex(Context& ctx, const Tensor& x, const Tensor& w, 
   need_numel(dy, d.N * d.M, op, "dy");
   need_numel(dw, d.E * d.M * d.K, op, "dw");
   cudaStream_t s = stream_of(ctx);
-  if (dx.defined() && d.N && d.K) {
-    need_cuda(dx, op, "dx");
-    need_numel(dx, d.N * d.K, op, "dx");
-    const dim3 grid(static_cast<unsigned>((d.K + kBN - 1) / kBN), static_cast<unsigned>((d.N + kBM - 1) / kBM));
-    need_dtype(dx, x.dtype(), op, "dx");
-    if (x.dtype() == DType::kBF16 && use_ws_kernel() &&
-        grouped_gemm_ws_supported(ctx, d.N, d.K, d.M, d.E, dy.data_ptr(), w.data_ptr(), dx.data_ptr())) {
-      grouped_gemm_ws_dx(ctx, static_cast<const __nv_bfloat16*>(dy.data_ptr()),
-                         static_cast<const __nv_bfloat16*>(w.data_ptr()), offsets.data<int32_t>(),
-                         static_cast<int>(d.E), d.N, d.K, d.M, static_cast<__nv_bfloat16*>(dx.data_ptr()));
-    } else if (x.dtype() == DType::kBF16 &&
-        grouped_gemm_wgmma_supported(ctx, d.N, d.K, d.M, d.E, dy.data_ptr(), w.data_ptr(), dx.data_ptr())) {
-      grouped_gemm_wgmma_dx(ctx, static_cast<const __nv_bfloat16*>(dy.data_ptr()),
-                            static_cast<const __nv_bfloat16*>(w.data_ptr()), offsets.data<int32_t>(),
-                            static_cast<int>(d.E), d.N, d.K, d.M, static_cast<__nv_bfloat16*>(dx.data_ptr()));
-    } else if (x.dtype() == DType::kBF16 && grouped_gemm_mma_supported(d.N, d.K, d.M, d.E, dy.data_ptr(), w.data_ptr(),
-                                                                 dx.data_ptr())) {
-      grouped_gemm_mma_dx(ctx, static_cast<const __nv_bfloat16*>(dy.data_ptr()),
-                          static_cast<const __nv_bfloat16*>(w.data_ptr()), offsets.data<int32_t>(),
-                          static_cast<int>(d.E), d.N, d.K, d.M, static_cast<__nv_bfloat16*>(dx.data_ptr()));
-    } else {
-      MT_CUDA_DISPATCH(x.dtype(), T, op,
-        gmm_rows_kernel<T, T, T, false><<<grid, kThreads, 0, s>>>(
-            static_cast<const T*>(dy.data_ptr()), static_cast<const T*>(w.data_ptr()), offsets.data<int32_t>(),
-            static_cast<int>(d.E), d.N, d.M, d.K, static_cast<T*>(dx.data_ptr())));
-      check_launch(op);
-    }
-  }
+  if (dx.defined()) grouped_matmul_dx(ctx, x, w, offsets, dy, dx);
   if (!d.M || !d.K) return true;  // dw is empty: its sum of squares is 0
   if (!d.N) {  // no rows: dw += 0, or dw = 0
     if (!dw_accumulate) MT_CUDA_CHECK(cudaMemsetAsync(dw.data_ptr(), 0, dw.nbytes(), s));
@@ -308,3 +317,4 @@ bool grouped_matmul_backward_ex(Context& ctx, const Tensor& x, const Tensor& w, 
 }
 
 }  // namespace moetrain::cuda
+

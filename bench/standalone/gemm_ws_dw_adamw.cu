@@ -1,0 +1,395 @@
+// Standalone check + benchmark of the expert dW GEMM with AdamW in its epilogue (src/kernels/cuda/
+// grouped_gemm_ws_dw_adamw.cuh) against the unfused sequence it replaces: dispatch_dw (TMA dW, the
+// stored grad + per-tile sums of squares) then adamw_kernel over the whole [E, M, K] tensor. Checks
+// bit equality of master / m / v / compute and of the per-tile partials (edge shapes: every element;
+// model shapes too), then CUDA-event medians and effective bandwidth.
+// Build / run: bench/standalone/gemm_ws_dw_adamw_run.sh. Usage: gemm_ws_dw_adamw [reps] [edges|shapes|all].
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/context.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/grouped_gemm_ws_dw_adamw.cuh"
+
+using moetrain::Context;
+using bf16 = __nv_bfloat16;
+namespace mc = moetrain::cuda;
+namespace gwd = moetrain::cuda::gwd;
+namespace am = moetrain::adamw_math;
+#define CK(x) MT_CUDA_CHECK(x)
+
+static int g_fail = 0;
+
+__device__ __forceinline__ uint64_t mix(uint64_t i, uint64_t seed) {
+  uint64_t z = (i + 1) * 0x9E3779B97F4A7C15ull ^ (seed * 0xC2B2AE3D27D4EB4Full);
+  z = (z ^ (z >> 33)) * 0xFF51AFD7ED558CCDull;
+  z = (z ^ (z >> 29)) * 0xC4CEB9FE1A85EC53ull;
+  return z ^ (z >> 32);
+}
+__device__ __forceinline__ float unit(uint64_t i, uint64_t seed) {  // uniform in [-1, 1)
+  return static_cast<float>(mix(i, seed) >> 40) * (1.0f / 8388608.0f) - 1.0f;
+}
+__device__ __forceinline__ float normal(uint64_t i, uint64_t seed) {
+  const uint64_t z = mix(i, seed);
+  const float u1 = (static_cast<float>(z >> 40) + 1.0f) * (1.0f / 16777216.0f);
+  const float u2 = static_cast<float>(z & 0xffffffu) * (1.0f / 16777216.0f);
+  return sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
+}
+// kind 0: uniform*scale, 1: normal*scale, 2: (normal*scale)^2 (positive). NaN from index nan_from on.
+template <typename T>
+__global__ void fill(T* p, int64_t n, uint64_t seed, float scale, int kind, int64_t nan_from) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    float f = kind == 0 ? unit(i, seed) * scale : normal(i, seed) * scale;
+    if (kind == 2) f = f * f;
+    if (i >= nan_from) f = NAN;
+    if constexpr (sizeof(T) == 2) p[i] = am::bf16_rne(f);
+    else p[i] = f;
+  }
+}
+template <typename T>
+void fill_h(void* p, int64_t n, uint64_t seed, float scale, int kind, int64_t nan_from = INT64_MAX) {
+  fill<T><<<2048, 256>>>(static_cast<T*>(p), n, seed, scale, kind, nan_from);
+  CK(cudaGetLastError());
+}
+__global__ void count_diff(const uint32_t* a, const uint32_t* b, int64_t n, unsigned long long* out) {
+  unsigned long long c = 0;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    c += a[i] != b[i];
+  if (c) atomicAdd(out, c);
+}
+// Number of differing 4-byte words (sizes here are multiples of 4).
+int64_t ndiff(const void* a, const void* b, int64_t bytes) {
+  static unsigned long long* d = nullptr;
+  if (!d) CK(cudaMalloc(&d, 8));
+  CK(cudaMemset(d, 0, 8));
+  count_diff<<<2048, 256>>>(static_cast<const uint32_t*>(a), static_cast<const uint32_t*>(b), bytes / 4, d);
+  unsigned long long h = 0;
+  CK(cudaMemcpy(&h, d, 8, cudaMemcpyDeviceToHost));
+  return static_cast<int64_t>(h);
+}
+
+struct Prob {
+  const char* tag;
+  int E;
+  int64_t N, K, M;
+  std::vector<int32_t> off;
+  bf16 *x = nullptr, *dy = nullptr;
+  int32_t* doff = nullptr;
+};
+
+Prob make(const char* tag, const std::vector<int64_t>& counts, int64_t N, int64_t K, int64_t M) {
+  Prob p{tag, (int)counts.size(), N, K, M};
+  p.off.assign(p.E + 1, 0);
+  for (int e = 0; e < p.E; ++e) p.off[e + 1] = p.off[e] + (int32_t)counts[e];
+  if (p.off[p.E] > N) { std::fprintf(stderr, "bad problem %s\n", tag); std::exit(2); }
+  CK(cudaMalloc(&p.x, N * K * 2 + 16));
+  CK(cudaMalloc(&p.dy, N * M * 2 + 16));
+  CK(cudaMalloc(&p.doff, (p.E + 1) * 4));
+  CK(cudaMemcpy(p.doff, p.off.data(), (p.E + 1) * 4, cudaMemcpyHostToDevice));
+  // rows past offsets[E] are NaN: a kernel that reads them into a sum fails the check
+  fill_h<uint16_t>(p.x, N * K, 11, 1.0f, 0, (int64_t)p.off[p.E] * K);
+  fill_h<uint16_t>(p.dy, N * M, 12, 1.0f, 0, (int64_t)p.off[p.E] * M);
+  return p;
+}
+void release(Prob& p) { CK(cudaFree(p.x)); CK(cudaFree(p.dy)); CK(cudaFree(p.doff)); }
+
+std::vector<int64_t> routed(int64_t T, int topk, int E, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int64_t> counts(E, 0);
+  std::vector<int> perm(E);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int e = 0; e < E; ++e) perm[e] = e;
+    for (int i = 0; i < topk; ++i) {
+      std::swap(perm[i], perm[i + (int)(rng() % (E - i))]);
+      ++counts[perm[i]];
+    }
+  }
+  return counts;
+}
+
+// A precision configuration: grad, master, m, v stored bf16 (else f32); compute copy (bf16) or none.
+struct Conf {
+  const char* name;
+  bool g16, w16, m16, v16, comp;
+};
+const Conf kAllBf16{"all-bf16", true, true, true, true, false};
+const Conf kDefault{"default", false, false, false, false, true};
+const Conf kMixed{"g16-f32st", true, false, false, false, true};
+
+// One set of optimizer tensors [E, M, K].
+struct State {
+  void *w = nullptr, *m = nullptr, *v = nullptr, *c = nullptr;
+};
+State alloc_state(const Conf& cf, int64_t n) {
+  State s;
+  CK(cudaMalloc(&s.w, n * (cf.w16 ? 2 : 4)));
+  CK(cudaMalloc(&s.m, n * (cf.m16 ? 2 : 4)));
+  CK(cudaMalloc(&s.v, n * (cf.v16 ? 2 : 4)));
+  if (cf.comp) CK(cudaMalloc(&s.c, n * 2));
+  return s;
+}
+void free_state(State& s) {
+  for (void* q : {s.w, s.m, s.v, s.c})
+    if (q) CK(cudaFree(q));
+  s = State{};
+}
+void copy_state(const Conf& cf, int64_t n, const State& src, State& dst) {
+  CK(cudaMemcpy(dst.w, src.w, n * (cf.w16 ? 2 : 4), cudaMemcpyDeviceToDevice));
+  CK(cudaMemcpy(dst.m, src.m, n * (cf.m16 ? 2 : 4), cudaMemcpyDeviceToDevice));
+  CK(cudaMemcpy(dst.v, src.v, n * (cf.v16 ? 2 : 4), cudaMemcpyDeviceToDevice));
+  if (cf.comp) CK(cudaMemcpy(dst.c, src.c, n * 2, cudaMemcpyDeviceToDevice));
+}
+void init_state(const Conf& cf, int64_t n, State& s, uint64_t seed) {
+  if (cf.w16) fill_h<uint16_t>(s.w, n, seed, 0.02f, 1);
+  else fill_h<float>(s.w, n, seed, 0.02f, 1);
+  if (cf.m16) fill_h<uint16_t>(s.m, n, seed + 1, 1e-2f, 1);
+  else fill_h<float>(s.m, n, seed + 1, 1e-2f, 1);
+  if (cf.v16) fill_h<uint16_t>(s.v, n, seed + 2, 3e-2f, 2);
+  else fill_h<float>(s.v, n, seed + 2, 3e-2f, 2);
+  if (cf.comp) CK(cudaMemset(s.c, 0x5A, n * 2));
+}
+
+template <typename W, typename G, typename M, typename V>
+void adamw_launch(Context& ctx, const State& s, const void* g, int64_t n, const am::Consts& k, bool sr, uint64_t key,
+                  uint64_t counter) {
+  const int64_t chunks = (n + 7) / 8, blocks = std::min<int64_t>(std::max<int64_t>((chunks + 255) / 256, 1), 65536);
+  const unsigned grid = static_cast<unsigned>(blocks);  // grid_for(chunks) of elementwise.cu
+  moetrain::cuda::adamw_detail::adamw_kernel<W, G, M, V, uint16_t, true><<<grid, 256, 0, mc::stream_of(ctx)>>>(
+      static_cast<W*>(s.w), static_cast<const G*>(g), static_cast<M*>(s.m), static_cast<V*>(s.v),
+      static_cast<uint16_t*>(s.c), n, k, sr, key, counter);
+  CK(cudaGetLastError());
+}
+void adamw_unfused(Context& ctx, const Conf& cf, const State& s, const void* g, int64_t n, const am::Consts& k,
+                   bool sr, uint64_t key, uint64_t counter) {
+  using u16 = uint16_t;
+  if (cf.w16) adamw_launch<u16, u16, u16, u16>(ctx, s, g, n, k, sr, key, counter);
+  else if (cf.g16) adamw_launch<float, u16, float, float>(ctx, s, g, n, k, sr, key, counter);
+  else adamw_launch<float, float, float, float>(ctx, s, g, n, k, sr, key, counter);
+}
+
+struct Opt {
+  am::Consts k;
+  bool sr;
+  uint64_t key, counter;
+};
+
+gwd::DwAdamWArgs args_for(const Conf& cf, const State& s, const void* prior, const Opt& o) {
+  gwd::DwAdamWArgs a;
+  a.master = s.w;
+  a.master_bf16 = cf.w16;
+  a.m = s.m;
+  a.m_bf16 = cf.m16;
+  a.v = s.v;
+  a.v_bf16 = cf.v16;
+  a.compute = s.c;
+  a.compute_bf16 = true;
+  a.grad_bf16 = cf.g16;
+  a.prior = prior;
+  a.k = o.k;
+  a.sr = o.sr;
+  a.key = o.key;
+  a.counter = o.counter;
+  return a;
+}
+
+// The unfused sequence: grad (= prior copy when acc) <- dispatch_dw; adamw_kernel from grad.
+void run_unfused(Context& ctx, const Prob& p, const Conf& cf, const State& s, void* grad, bool acc, double* part,
+                 const Opt& o) {
+  const int64_t n = (int64_t)p.E * p.M * p.K;
+  gwd::dispatch_dw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, grad, cf.g16, acc, part, 0);
+  adamw_unfused(ctx, cf, s, grad, n, o.k, o.sr, o.key, o.counter);
+}
+
+bool check(Context& ctx, const Prob& p, const Conf& cf, bool acc, bool sr, bool with_ss, std::vector<int> variants) {
+  const int64_t n = (int64_t)p.E * p.M * p.K, gb = n * (cf.g16 ? 2 : 4);
+  const int64_t tiles = gwd::dw_adamw_tiles(p.E, p.K, p.M, cf.g16);
+  Opt o{am::make_consts(2e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 0.5f), sr, 0x1234abcdull + p.E, 77 + (uint64_t)p.K};
+  State s0 = alloc_state(cf, n), sr_ = alloc_state(cf, n), sf = alloc_state(cf, n);
+  init_state(cf, n, s0, 100 + p.M);
+  void *grad, *prior = nullptr, *prior0 = nullptr;
+  double *pr, *pf;
+  CK(cudaMalloc(&grad, gb));
+  CK(cudaMalloc(&pr, tiles * 8 + 8));
+  CK(cudaMalloc(&pf, tiles * 8 + 8));
+  if (acc) {
+    CK(cudaMalloc(&prior, gb));
+    CK(cudaMalloc(&prior0, gb));
+    if (cf.g16) fill_h<uint16_t>(prior, n, 5, 3.0f, 0);
+    else fill_h<float>(prior, n, 5, 3.0f, 0);
+    CK(cudaMemcpy(prior0, prior, gb, cudaMemcpyDeviceToDevice));
+    CK(cudaMemcpy(grad, prior, gb, cudaMemcpyDeviceToDevice));
+  } else {
+    CK(cudaMemset(grad, 0xFF, gb));
+  }
+  CK(cudaMemset(pr, 0xFF, tiles * 8 + 8));
+  copy_state(cf, n, s0, sr_);
+  run_unfused(ctx, p, cf, sr_, grad, acc, with_ss ? pr : nullptr, o);
+  CK(cudaDeviceSynchronize());
+  const int64_t changed = ndiff(sr_.w, s0.w, n * (cf.w16 ? 2 : 4));
+  bool ok = true;
+  for (int var : variants) {
+    copy_state(cf, n, s0, sf);
+    CK(cudaMemset(pf, 0xFF, tiles * 8 + 8));
+    const gwd::DwAdamWArgs a = args_for(cf, sf, prior, o);
+    const bool took = gwd::dispatch_dw_adamw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, a, with_ss ? pf : nullptr, var);
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    const int64_t dw_ = ndiff(sf.w, sr_.w, n * (cf.w16 ? 2 : 4)), dm = ndiff(sf.m, sr_.m, n * (cf.m16 ? 2 : 4)),
+                  dv = ndiff(sf.v, sr_.v, n * (cf.v16 ? 2 : 4)), dc = cf.comp ? ndiff(sf.c, sr_.c, n * 2) : 0,
+                  dp = with_ss ? ndiff(pf, pr, tiles * 8 + 8) : 0, dpr = acc ? ndiff(prior, prior0, gb) : 0;
+    const bool good = took && dw_ == 0 && dm == 0 && dv == 0 && dc == 0 && dp == 0 && dpr == 0 && changed > 0;
+    std::printf("%-10s %-9s %-2s sr%d ss%d v%d: words differ w %lld m %lld v %lld comp %lld partials %lld prior %lld;"
+                " weights changed %.1f%% %s\n",
+                p.tag, cf.name, acc ? "+=" : "=", sr ? 1 : 0, with_ss ? 1 : 0, var, (long long)dw_, (long long)dm,
+                (long long)dv, (long long)dc, (long long)dp, (long long)dpr,
+                100.0 * changed / (double)(n * (cf.w16 ? 0.5 : 1.0)), good ? "PASS" : "FAIL");
+    ok = ok && good;
+  }
+  free_state(s0);
+  free_state(sr_);
+  free_state(sf);
+  for (void* q : {grad, prior, prior0, (void*)pr, (void*)pf})
+    if (q) CK(cudaFree(q));
+  if (!ok) ++g_fail;
+  return ok;
+}
+
+float time_ms(const std::function<void()>& f, int reps) {
+  for (int i = 0; i < 3; ++i) f();
+  CK(cudaDeviceSynchronize());
+  std::vector<float> ts;
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  for (int i = 0; i < reps; ++i) {
+    CK(cudaEventRecord(a));
+    f();
+    CK(cudaEventRecord(b));
+    CK(cudaEventSynchronize(b));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    ts.push_back(ms);
+  }
+  CK(cudaGetLastError());
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  std::sort(ts.begin(), ts.end());
+  return ts[ts.size() / 2];
+}
+
+int main(int argc, char** argv) {
+  const int reps = argc > 1 ? std::atoi(argv[1]) : 20;
+  const std::string part = argc > 2 ? argv[2] : "all";
+  Context ctx;
+  cudaDeviceProp prop{};
+  CK(cudaGetDeviceProperties(&prop, 0));
+  ctx.facts_.sm_count = prop.multiProcessorCount;
+  ctx.facts_.cc_major = prop.major;
+  ctx.facts_.cc_minor = prop.minor;
+  std::printf("device %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+  // variant = L2 prefetch mode (0-2) + 4 x the other walk depth
+  const std::vector<int> all_vars = {0, 1, 2, 4, 5, 6};
+  const std::vector<int> time_vars = {0, 1, 4, 5};
+  if (part != "shapes") {
+    std::vector<Prob> edges;
+    edges.push_back(make("uneven", {0, 1, 1000, 0, 64, 65, 128, 129, 255, 257, 3, 0}, 2300, 264, 200));
+    edges.push_back(make("empty+tail", {0, 300, 1, 0, 130}, 500, 200, 136));
+    edges.push_back(make("one-full", {64, 0, 0}, 64, 64, 64));
+    edges.push_back(make("all-empty", {0, 0, 0, 0}, 16, 72, 40));
+    edges.push_back(make("N-edge", {5, 31, 33}, 69, 520, 264));
+    for (Prob& p : edges) {
+      for (const Conf* cf : {&kAllBf16, &kDefault, &kMixed})
+        for (bool acc : {false, true}) {
+          check(ctx, p, *cf, acc, true, true, all_vars);
+          if (cf->w16) check(ctx, p, *cf, acc, false, true, {0});
+        }
+      check(ctx, p, kAllBf16, false, true, false, {0});
+      check(ctx, p, kDefault, true, false, false, {0});
+      release(p);
+    }
+  }
+  if (part != "edges") {
+    struct S { const char* tag; int64_t K, M; };
+    const std::vector<int64_t> counts = routed(4096, 8, 128, 42);
+    std::vector<std::string> table;
+    {  // device-to-device copy: the bandwidth ceiling (bytes read + written)
+      const int64_t bytes = int64_t(2) << 30;
+      void *a, *b;
+      CK(cudaMalloc(&a, bytes));
+      CK(cudaMalloc(&b, bytes));
+      CK(cudaMemset(a, 1, bytes));
+      const float ms = time_ms([&] { CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice)); }, reps);
+      char line[256];
+      std::snprintf(line, sizeof line, "| copy 2 GiB | - | - | memcpy | %8.3f | %7.0f |", ms, 2.0 * bytes / ms / 1e6);
+      table.push_back(line);
+      std::puts(line);
+      CK(cudaFree(a));
+      CK(cudaFree(b));
+    }
+    for (S s : {S{"gate_up", 2048, 1536}, S{"down", 768, 2048}}) {
+      Prob p = make(s.tag, counts, 32768, s.K, s.M);
+      check(ctx, p, kAllBf16, false, true, true, {0, 4});
+      check(ctx, p, kAllBf16, true, false, true, {0});
+      check(ctx, p, kDefault, true, false, true, {0, 4});
+      check(ctx, p, kDefault, false, false, false, {0});
+      check(ctx, p, kMixed, false, false, true, {0});
+      const int64_t n = (int64_t)p.E * p.M * p.K;
+      for (const Conf* cf : {&kAllBf16, &kDefault}) {
+        const int64_t gb = n * (cf->g16 ? 2 : 4), tiles = gwd::dw_adamw_tiles(p.E, p.K, p.M, cf->g16);
+        State st = alloc_state(*cf, n);
+        init_state(*cf, n, st, 7);
+        void* grad;
+        double* part;
+        CK(cudaMalloc(&grad, gb));
+        CK(cudaMalloc(&part, tiles * 8));
+        Opt o{am::make_consts(1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 1.0f), cf->w16, 99, 3};
+        const double sw = cf->w16 ? 2 : 4, sg = cf->g16 ? 2 : 4, sm = cf->m16 ? 2 : 4, sv = cf->v16 ? 2 : 4,
+                     sc = cf->comp ? 2 : 0, gemm_in = 2.0 * p.N * (p.K + p.M);
+        const double b_fused = n * (2 * sw + 2 * sm + 2 * sv + sc) + gemm_in;
+        const double b_dw = n * sg + gemm_in, b_adamw = n * (2 * sw + sg + 2 * sm + 2 * sv + sc);
+        auto row = [&](const char* what, float ms, double bytes) {
+          char line[256];
+          std::snprintf(line, sizeof line, "| %-8s | %-8s | %-5s | %-22s | %8.3f | %7.0f |", s.tag, cf->name,
+                        "=", what, ms, bytes / ms / 1e6);
+          table.push_back(line);
+          std::puts(line);
+        };
+        row("dW (ws, +ss)", time_ms([&] { gwd::dispatch_dw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, grad, cf->g16,
+                                                            false, part, 0); }, reps), b_dw);
+        row("adamw_kernel", time_ms([&] { adamw_unfused(ctx, *cf, st, grad, n, o.k, o.sr, o.key, o.counter); }, reps),
+            b_adamw);
+        row("unfused dW+adamw", time_ms([&] { run_unfused(ctx, p, *cf, st, grad, false, part, o); }, reps),
+            b_dw + b_adamw);
+        const gwd::DwAdamWArgs a = args_for(*cf, st, nullptr, o);
+        for (int var : time_vars) {
+          char what[64];
+          std::snprintf(what, sizeof what, "fused v%d (+ss)", var);
+          row(what, time_ms([&] { gwd::dispatch_dw_adamw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, a, part, var); },
+                            reps), b_fused);
+        }
+        row("fused v0 (no ss)",
+            time_ms([&] { gwd::dispatch_dw_adamw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, a, nullptr, 0); }, reps),
+            b_fused);
+        free_state(st);
+        CK(cudaFree(grad));
+        CK(cudaFree(part));
+      }
+      release(p);
+    }
+    std::printf("\n| shape | config | mode | kernel | ms | GB/s |\n");
+    for (auto& l : table) std::puts(l.c_str());
+  }
+  std::printf("%s: %d failing check(s)\n", g_fail ? "FAIL" : "PASS", g_fail);
+  return g_fail ? 1 : 0;
+}
