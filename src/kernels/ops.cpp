@@ -462,6 +462,20 @@ void grouped_matmul(Context& ctx, const Tensor& x, const Tensor& w, const Tensor
   MT_DISPATCH(dev, grouped_matmul, ctx, x, w, offsets, y);
 }
 
+namespace {
+// The operand checks shared by grouped_matmul_backward and grouped_matmul_backward_adamw.
+void check_gmm_backward(const char* op, const Tensor& x, const Tensor& w, const Tensor& offsets, const Tensor& dy,
+                        const Tensor& dx, const Tensor* sum_squares) {
+  if (sum_squares) expect(*sum_squares, {1}, DType::kF64, op, "sum_squares");
+  expect_float(x, {-1, -1}, op, "x");
+  expect_float(w, {-1, -1, x.size(1)}, op, "w");
+  check_same_dtype(w, x, op, "w", "x");
+  expect(offsets, {w.size(0) + 1}, DType::kI32, op, "offsets");
+  expect_float(dy, {x.size(0), w.size(1)}, op, "dy");
+  if (dx.defined()) expect_float(dx, x.shape(), op, "dx");
+}
+}  // namespace
+
 void grouped_matmul_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& offsets,
                              const Tensor& dy, Tensor& dx, Tensor& dw, bool accumulate_dw, Tensor* dw_sum_squares) {
   const char* op = "grouped_matmul_backward";
@@ -469,13 +483,7 @@ void grouped_matmul_backward(Context& ctx, const Tensor& x, const Tensor& w, con
   const Tensor& ss = dw_sum_squares ? *dw_sum_squares : kNone;
   const Device dev = device_of(ctx, op, {{x, "x"}, {w, "w"}, {offsets, "offsets"}, {dy, "dy"}, {dx, "dx"},
                                          {dw, "dw"}, {ss, "dw_sum_squares"}});
-  if (dw_sum_squares) expect(ss, {1}, DType::kF64, op, "dw_sum_squares");
-  expect_float(x, {-1, -1}, op, "x");
-  expect_float(w, {-1, -1, x.size(1)}, op, "w");
-  check_same_dtype(w, x, op, "w", "x");
-  expect(offsets, {w.size(0) + 1}, DType::kI32, op, "offsets");
-  expect_float(dy, {x.size(0), w.size(1)}, op, "dy");
-  if (dx.defined()) expect_float(dx, x.shape(), op, "dx");
+  check_gmm_backward(op, x, w, offsets, dy, dx, dw_sum_squares);
   check_shape(dw, w.shape(), op, "dw");
   MT_CHECK(dw.dtype() == DType::kF32 || dw.dtype() == DType::kBF16, "[{}] dw is {}, expected f32 or bf16", op,
            dtype_name(dw.dtype()));
@@ -584,13 +592,7 @@ void grouped_matmul_backward_adamw(Context& ctx, const Tensor& x, const Tensor& 
   const Device dev = device_of(ctx, op, {{x, "x"}, {w, "w"}, {offsets, "offsets"}, {dy, "dy"}, {dx, "dx"},
                                          {grad, "grad"}, {target.master, "master"}, {target.m, "m"},
                                          {target.v, "v"}, {target.compute, "compute"}, {ss, "sum_squares"}});
-  if (sum_squares) expect(ss, {1}, DType::kF64, op, "sum_squares");
-  expect_float(x, {-1, -1}, op, "x");
-  expect_float(w, {-1, -1, x.size(1)}, op, "w");
-  check_same_dtype(w, x, op, "w", "x");
-  expect(offsets, {w.size(0) + 1}, DType::kI32, op, "offsets");
-  expect_float(dy, {x.size(0), w.size(1)}, op, "dy");
-  if (dx.defined()) expect_float(dx, x.shape(), op, "dx");
+  check_gmm_backward(op, x, w, offsets, dy, dx, sum_squares);
 #ifdef MT_WITH_CUDA
   // The Hopper dW kernel applies the update in its epilogue (false: not this configuration).
   if (dev.is_cuda()) {
