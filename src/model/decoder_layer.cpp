@@ -168,7 +168,7 @@ void moe_ffn_backward(Context& ctx, const ModelConfig& cfg, const LayerParams& w
   auto expert_backward = [&](const Tensor& x, const Tensor& wt, const Tensor& dout_rows, Tensor& dx, Tensor& gw,
                              ops::AdamWTarget* target) {
     if (!target) {
-      ops::grouped_matmul_backward(ctx, x, wt, s.offsets, dout_rows, dx, gw, gb != 0.0f, grad_sums);
+      ops::grouped_matmul_backward(ctx, x, wt, s.offsets, dout_rows, dx, gw, gb != 0.0f, upd.any ? nullptr : grad_sums);
       return;
     }
     ops::grouped_matmul_backward_adamw(ctx, x, wt, s.offsets, dout_rows, dx, gw.dtype(), gw, gb != 0.0f, *target,

@@ -66,9 +66,12 @@ Tensor decoder_layer_forward(Context& ctx, const ModelConfig& cfg, const LayerPa
 // squares of the two expert weight gradients (as stored after this pass) are added to it.
 // expert_updates (MoE layers): an expert weight with a target gets its AdamW update as its gradient
 // is formed (ops::grouped_matmul_backward_adamw; its gradient in `g` is read, not written).
+// With `any` (updates were requested for this pass), only the updated matrices add to
+// expert_grad_sums: a matrix without a target is a frozen one, whose gradient the norm leaves out.
 struct ExpertUpdates {
   ops::AdamWTarget* gate_up = nullptr;
   ops::AdamWTarget* down = nullptr;
+  bool any = false;
 };
 void decoder_layer_backward(Context& ctx, const ModelConfig& cfg, const LayerParams& w, LayerParams& g,
                             const Batch& batch, const LayerActs& s, const RouterLossGrad& rg, Tensor& dout,

@@ -348,6 +348,7 @@ void Qwen3Model::backward(Context& ctx, ModelParams& grads) {
     if (!params_.layers[l].sparse || updates_pass_.empty()) continue;
     layer_updates[l].down = target_of(params_.layers[l].experts_down, used);
     layer_updates[l].gate_up = target_of(params_.layers[l].experts_gate_up, used);
+    layer_updates[l].any = true;
   }
   for (size_t i = 0; i < used.size(); ++i)
     MT_CHECK(used[i], "[model] in-backward update {} of {} ({}) is not an expert weight of this model",
@@ -356,7 +357,10 @@ void Qwen3Model::backward(Context& ctx, ModelParams& grads) {
     const LayerParams& w = params_.layers[l];
     const ExpertUpdates& upd = layer_updates[static_cast<size_t>(l)];
     Tensor* sums = sums_pass_ && w.sparse ? &sums_.sum : nullptr;
-    if (sums) sums_.grads.push_back(grads.layers[l].experts_down), sums_.grads.push_back(grads.layers[l].experts_gate_up);
+    if (sums) {  // with in-backward updates, only the updated matrices' sums (ExpertUpdates::any)
+      if (!upd.any || upd.down) sums_.grads.push_back(grads.layers[l].experts_down);
+      if (!upd.any || upd.gate_up) sums_.grads.push_back(grads.layers[l].experts_gate_up);
+    }
     RouterLossGrad rg;
     if (w.sparse) {
       if (opts_.aux_type == AuxLossType::kGlobal) {
