@@ -2,7 +2,7 @@
 // kernel (cuda/elementwise.cu) so that both give the same bits: every float operation is an
 // explicit IEEE round-to-nearest op (the device side uses __f*_rn intrinsics, which nvcc never
 // contracts into FMAs; the host side assumes x86-64 SSE without FMA contraction, the project's
-// build). Stochastic rounding draws one 32-bit Philox word per element, addressed by its index.
+// build). Stochastic rounding draws 16 Philox bits per element, addressed by its index.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -38,9 +38,11 @@ inline float bits_float(uint32_t u) {
 }
 #endif
 
-// Step constants, computed once on the host (bias corrections in double, then rounded to float).
+// Step constants, computed once on the host: the bias corrections as 1 / (1 - b1^t) and
+// 1 / sqrt(1 - b2^t), in double, then rounded to float (two multiplies per element instead of
+// two divides; the per-element math is bound by instruction issue inside the dW GEMM's epilogue).
 struct Consts {
-  float lr, b1, b2, one_minus_b1, one_minus_b2, eps, wd, bc1, bc2, grad_scale;
+  float lr, b1, b2, one_minus_b1, one_minus_b2, eps, wd, inv_bc1, inv_sqrt_bc2, grad_scale;
 };
 inline Consts make_consts(float lr, float beta1, float beta2, float eps, float weight_decay, int64_t step,
                           float grad_scale) {
@@ -52,21 +54,24 @@ inline Consts make_consts(float lr, float beta1, float beta2, float eps, float w
   k.one_minus_b2 = 1.0f - beta2;
   k.eps = eps;
   k.wd = weight_decay;
-  k.bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(step)));
-  k.bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(step)));
+  const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(step));
+  k.inv_bc1 = static_cast<float>(1.0 / bc1);
+  k.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
   k.grad_scale = grad_scale;
   return k;
 }
 
 // One element: g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g g;
-// w -= lr * ((m / bc1) / (sqrt(v / bc2) + eps) + wd * w). m, v and w are f32 in and out (the
-// caller widens/rounds its storage); the update uses the fresh f32 m and v, before any rounding.
+// w -= lr * ((m / bc1) / (sqrt(v) / sqrt(bc2) + eps) + wd * w), with bc = 1 - b^t applied as the
+// host's reciprocals (one divide and one square root per element). m, v and w are f32 in and out
+// (the caller widens/rounds its storage); the update uses the fresh f32 m and v, before rounding.
 MT_HD void update(const Consts& c, float grad, float& m, float& v, float& w) {
   const float g = mul(grad, c.grad_scale);
   m = add(mul(c.b1, m), mul(c.one_minus_b1, g));
   v = add(mul(c.b2, v), mul(mul(c.one_minus_b2, g), g));
-  const float denom = add(sqrt_rn(div(v, c.bc2)), c.eps);
-  const float upd = add(div(div(m, c.bc1), denom), mul(c.wd, w));
+  const float denom = add(mul(sqrt_rn(v), c.inv_sqrt_bc2), c.eps);
+  const float upd = add(div(mul(m, c.inv_bc1), denom), mul(c.wd, w));
   w = sub(w, mul(c.lr, upd));
 }
 
@@ -90,10 +95,12 @@ MT_HD uint16_t bf16_stochastic(float f, uint32_t random) {
 
 MT_HD float bf16_to_f32(uint16_t b) { return bits_float(static_cast<uint32_t>(b) << 16); }
 
-// The random word of element i of a stream: word i % 4 of philox4x32(key, counter, i / 4).
+// The 16 random bits of element i of a stream (in the low half; bf16_stochastic reads only those):
+// half-word i % 8 of philox4x32(key, counter, i / 8), low half first. One Philox call covers 8
+// elements, a 16-byte vector of bf16 weights.
+MT_HD uint32_t random_half(const Philox4& r, int j) { return r.v[(j & 7) >> 1] >> ((j & 1) * 16); }
 MT_HD uint32_t random_word(uint64_t key, uint64_t counter, uint64_t i) {
-  const Philox4 r = philox4x32(key, counter, i >> 2);
-  return r.v[i & 3];
+  return random_half(philox4x32(key, counter, i >> 3), static_cast<int>(i & 7));
 }
 
 }  // namespace moetrain::adamw_math

@@ -1,9 +1,10 @@
 // CPU AdamW (Loshchilov & Hutter, decoupled weight decay), elementwise, the twin of the CUDA
 // kernel bit for bit (kernels/adamw_math.h holds the shared per-element math):
 //   g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
-//   w -= lr * ( (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps) + wd * w ).
+//   w -= lr * ( (m / (1-b1^t)) / (sqrt(v) / sqrt(1-b2^t) + eps) + wd * w ),
+// the bias corrections applied as host-computed reciprocals (adamw_math::update).
 // Storage dtypes: weights, grad, m, v each f32 or bf16 (math in f32). bf16 m/v round to nearest
-// even; bf16 weights round to nearest even or stochastically (Philox word per element index).
+// even; bf16 weights round to nearest even or stochastically (16 Philox bits per element index).
 #include <cmath>
 #include <type_traits>
 

@@ -68,7 +68,7 @@ __device__ __forceinline__ float store_weight(W* w, int64_t i, float x, bool sr,
 }
 
 // One thread per 8 elements (kVec: every pointer 16-byte aligned; a partial last chunk takes
-// the scalar path) or per element. Two Philox calls give the 8 random words of a chunk.
+// the scalar path) or per element. One Philox call gives the 8 random half-words of a chunk.
 template <typename W, typename G, typename M, typename V, typename C, bool kVec>
 __global__ void adamw_kernel(W* __restrict__ w, const G* __restrict__ g, M* __restrict__ m, V* __restrict__ v,
                              C* __restrict__ comp, int64_t n, am::Consts k, bool sr, uint64_t key, uint64_t counter) {
@@ -84,10 +84,9 @@ __global__ void adamw_kernel(W* __restrict__ w, const G* __restrict__ g, M* __re
       load8(v + i0, vf);
       uint32_t rnd[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       if (std::is_same_v<W, uint16_t> && sr) {
-        const Philox4 r0 = philox4x32(key, counter, static_cast<uint64_t>(i0) >> 2);
-        const Philox4 r1 = philox4x32(key, counter, (static_cast<uint64_t>(i0) >> 2) + 1);
+        const Philox4 r = philox4x32(key, counter, static_cast<uint64_t>(i0) >> 3);
 #pragma unroll
-        for (int j = 0; j < 4; ++j) rnd[j] = r0.v[j], rnd[4 + j] = r1.v[j];
+        for (int j = 0; j < 8; ++j) rnd[j] = am::random_half(r, j);
       }
       uint16_t wb[8];
 #pragma unroll

@@ -23,7 +23,7 @@ namespace moetrain::cuda::gwd {
 //   prior:    optional gradient of earlier micro-batches (grad dtype), only read: g = prior + dy^T x
 //             formed in f32, rounded once (dispatch_dw's accumulate). Null: g = dy^T x.
 //   k, sr, key, counter: as ops::adamw_step (adamw_math::Consts; bf16 master: stochastic rounding
-//             with word i % 4 of philox4x32(key, counter, i / 4) for flat element index i, or RNE).
+//             with adamw_math::random_word(key, counter, i) for flat element index i, or RNE).
 // Supported (else dispatch_dw_adamw returns false): {grad, master, m, v} all bf16; all f32; grad
 // bf16 with f32 master/m/v; compute null or bf16 in each.
 struct DwAdamWArgs {
@@ -65,10 +65,9 @@ __device__ __forceinline__ void apply8(const AdamWParams& a, int64_t i0, const f
                                        float (&m)[8], float (&v)[8]) {
   uint32_t rnd[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   if (std::is_same_v<W, uint16_t> && a.sr) {
-    const Philox4 r0 = philox4x32(a.key, a.counter, static_cast<uint64_t>(i0) >> 2);
-    const Philox4 r1 = philox4x32(a.key, a.counter, (static_cast<uint64_t>(i0) >> 2) + 1);
+    const Philox4 r = philox4x32(a.key, a.counter, static_cast<uint64_t>(i0) >> 3);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) rnd[j] = r0.v[j], rnd[4 + j] = r1.v[j];
+    for (int j = 0; j < 8; ++j) rnd[j] = am::random_half(r, j);
   }
   uint16_t wb[8];
 #pragma unroll
