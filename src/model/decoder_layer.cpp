@@ -164,15 +164,17 @@ void moe_ffn_backward(Context& ctx, const ModelConfig& cfg, const LayerParams& w
   Tensor dtopk_w = work_empty({T, k}, DType::kF32, dev);
   ops::moe_unpermute_backward(ctx, dy, s.yp, s.row_of, s.topk_w, dyp, dtopk_w);
   Tensor dact = work_empty({T * k, I}, dt, dev);
-  // Each expert matrix: its gradient into g (= or +=), or straight into its AdamW update.
+  // Each expert matrix: its gradient into g (= or +=), or straight into its AdamW update (without
+  // a buffer in g, nothing earlier to add; a pass without a target for such a matrix is refused).
   auto expert_backward = [&](const Tensor& x, const Tensor& wt, const Tensor& dout_rows, Tensor& dx, Tensor& gw,
                              ops::AdamWTarget* target) {
     if (!target) {
+      MT_CHECK(gw.defined(), "[model] expert weight {} has no gradient buffer and no in-backward update", wt.desc());
       ops::grouped_matmul_backward(ctx, x, wt, s.offsets, dout_rows, dx, gw, gb != 0.0f, upd.any ? nullptr : grad_sums);
       return;
     }
-    ops::grouped_matmul_backward_adamw(ctx, x, wt, s.offsets, dout_rows, dx, gw.dtype(), gw, gb != 0.0f, *target,
-                                       grad_sums);
+    ops::grouped_matmul_backward_adamw(ctx, x, wt, s.offsets, dout_rows, dx, gw.defined() ? gw.dtype() : upd.grad_dtype,
+                                       gw, gw.defined() && gb != 0.0f, *target, grad_sums);
   };
   expert_backward(s.act, w.experts_down, dyp, dact, g.experts_down, upd.down);
   dyp = Tensor();

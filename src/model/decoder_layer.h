@@ -72,6 +72,7 @@ struct ExpertUpdates {
   ops::AdamWTarget* gate_up = nullptr;
   ops::AdamWTarget* down = nullptr;
   bool any = false;
+  DType grad_dtype = DType::kF32;  // of an expert gradient without a buffer (undefined in g)
 };
 void decoder_layer_backward(Context& ctx, const ModelConfig& cfg, const LayerParams& w, LayerParams& g,
                             const Batch& batch, const LayerActs& s, const RouterLossGrad& rg, Tensor& dout,

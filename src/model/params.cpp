@@ -96,7 +96,8 @@ ModelParams ModelParams::allocate(const ModelConfig& cfg, DType dtype, Device de
   return allocate(cfg, dtype, dtype, device, cat);
 }
 
-ModelParams ModelParams::allocate(const ModelConfig& cfg, DType other, DType matrix, Device device, MemCategory cat) {
+ModelParams ModelParams::allocate(const ModelConfig& cfg, DType other, DType matrix, Device device, MemCategory cat,
+                                  bool expert_matrices) {
   ModelParams p;
   p.config = cfg;
   const int64_t H = cfg.hidden_size, V = cfg.vocab_size, d = cfg.head_dim;
@@ -119,8 +120,10 @@ ModelParams ModelParams::allocate(const ModelConfig& cfg, DType other, DType mat
     if (L.sparse) {
       const int64_t E = cfg.num_experts, I = cfg.moe_intermediate_size;
       L.router = mk({E, H});
-      L.experts_gate_up = mk({E, 2 * I, H});
-      L.experts_down = mk({E, H, I});
+      if (expert_matrices) {
+        L.experts_gate_up = mk({E, 2 * I, H});
+        L.experts_down = mk({E, H, I});
+      }
     } else {
       const int64_t I = cfg.intermediate_size;
       L.mlp_gate_up = mk({2 * I, H});

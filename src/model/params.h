@@ -52,7 +52,10 @@ struct ModelParams {
   // The same with two dtypes: `matrix` for the 2-D/3-D weights that GEMMs write gradients into
   // (attention projections, router, experts, dense MLP, an untied lm_head), `other` for the 1-D
   // norm weights and the embedding table (gradient sets: optimizer.main_grads_dtype).
-  static ModelParams allocate(const ModelConfig& cfg, DType other, DType matrix, Device device, MemCategory cat);
+  // expert_matrices = false leaves the MoE layers' expert tensors undefined (gradient sets whose
+  // expert weights are updated in backward: optimizer.update_in_backward with one micro-batch).
+  static ModelParams allocate(const ModelConfig& cfg, DType other, DType matrix, Device device, MemCategory cat,
+                              bool expert_matrices = true);
   // Visits each distinct parameter once (lm_head skipped when tied) with its internal name.
   void for_each(const std::function<void(const std::string& name, Tensor& t)>& fn);
   void for_each(const std::function<void(const std::string& name, const Tensor& t)>& fn) const;

@@ -349,6 +349,7 @@ void Qwen3Model::backward(Context& ctx, ModelParams& grads) {
     layer_updates[l].down = target_of(params_.layers[l].experts_down, used);
     layer_updates[l].gate_up = target_of(params_.layers[l].experts_gate_up, used);
     layer_updates[l].any = true;
+    layer_updates[l].grad_dtype = grads.layers[l].router.dtype();  // the matrices' gradient dtype
   }
   for (size_t i = 0; i < used.size(); ++i)
     MT_CHECK(used[i], "[model] in-backward update {} of {} ({}) is not an expert weight of this model",
@@ -358,8 +359,10 @@ void Qwen3Model::backward(Context& ctx, ModelParams& grads) {
     const ExpertUpdates& upd = layer_updates[static_cast<size_t>(l)];
     Tensor* sums = sums_pass_ && w.sparse ? &sums_.sum : nullptr;
     if (sums) {  // with in-backward updates, only the updated matrices' sums (ExpertUpdates::any)
-      if (!upd.any || upd.down) sums_.grads.push_back(grads.layers[l].experts_down);
-      if (!upd.any || upd.gate_up) sums_.grads.push_back(grads.layers[l].experts_gate_up);
+      // (an updated matrix without a gradient buffer: its sum is in sums_.sum, no buffer to name)
+      const LayerParams& g = grads.layers[l];
+      if ((!upd.any || upd.down) && g.experts_down.defined()) sums_.grads.push_back(g.experts_down);
+      if ((!upd.any || upd.gate_up) && g.experts_gate_up.defined()) sums_.grads.push_back(g.experts_gate_up);
     }
     RouterLossGrad rg;
     if (w.sparse) {
@@ -419,17 +422,20 @@ Tensor Qwen3Model::token_logprobs(Context& ctx, const Batch& batch) {
   return r.nll;
 }
 
-ModelParams allocate_gradients(const ModelConfig& cfg, Device device, DType matrix_dtype) {
+ModelParams allocate_gradients(const ModelConfig& cfg, Device device, DType matrix_dtype, bool expert_matrices) {
   MT_CHECK(matrix_dtype == DType::kF32 || matrix_dtype == DType::kBF16,
            "[model] gradient dtype {} is not supported (f32 or bf16)", dtype_name(matrix_dtype));
-  ModelParams g = ModelParams::allocate(cfg, DType::kF32, matrix_dtype, device, MemCategory::kGradients);
+  ModelParams g =
+      ModelParams::allocate(cfg, DType::kF32, matrix_dtype, device, MemCategory::kGradients, expert_matrices);
   zero_gradients(g);
   return g;
 }
 
 void zero_gradients(ModelParams& grads, bool matrices) {
   if (matrices) {
-    grads.for_each([](const std::string&, Tensor& t) { t.zero_(); });
+    grads.for_each([](const std::string&, Tensor& t) {
+      if (t.defined()) t.zero_();
+    });
     return;
   }
   // Written (not added) by a pass after set_overwrite_matrix_grads(): the layers' projections,

@@ -157,8 +157,11 @@ class Qwen3Model {
 // Zeros in the model's layout, category kGradients (lm_head aliases embed when tied): f32, or
 // `matrix_dtype` (optimizer.main_grads_dtype) for the 2-D/3-D weights written by matmul and
 // grouped_matmul_backward; norms and the embedding table (embedding_backward) stay f32.
-ModelParams allocate_gradients(const ModelConfig& cfg, Device device, DType matrix_dtype = DType::kF32);
-// Zeros every gradient; with matrices = false, only those a training pass after
+// expert_matrices = false: no expert gradient tensors (undefined), for expert weights that are
+// only ever updated in backward (AdamWTarget; the op then takes a workspace when it needs one).
+ModelParams allocate_gradients(const ModelConfig& cfg, Device device, DType matrix_dtype = DType::kF32,
+                               bool expert_matrices = true);
+// Zeros every (defined) gradient; with matrices = false, only those a training pass after
 // Qwen3Model::set_overwrite_matrix_grads() does not write (norm weights, the embedding table).
 void zero_gradients(ModelParams& grads, bool matrices = true);
 

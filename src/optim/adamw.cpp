@@ -47,8 +47,9 @@ AdamW::AdamW(std::vector<OptimParam> params, const AdamWConfig& cfg) : params_(s
       roles_[i] = ParamRole::kFrozen;
       continue;
     }
-    MT_CHECK(p.grad.defined() && (p.grad.dtype() == DType::kF32 || p.grad.dtype() == DType::kBF16) &&
-                 p.grad.shape() == p.weight.shape(),
+    MT_CHECK((!p.grad.defined() && p.in_backward_only) ||
+                 (p.grad.defined() && (p.grad.dtype() == DType::kF32 || p.grad.dtype() == DType::kBF16) &&
+                  p.grad.shape() == p.weight.shape()),
              "[adamw] gradient of {} must be f32 or bf16 {}, got {}", p.name, shape_str(p.weight.shape()),
              p.grad.defined() ? p.grad.desc() : std::string("undefined"));
     roles_[i] = (p.weight.dim() <= 1 || name_matches_any(cfg_.no_decay_patterns, p.name)) ? ParamRole::kNoDecay
@@ -79,7 +80,7 @@ double AdamW::grad_norm(Context& ctx, double scale, const Tensor& known_sum, con
              known_sum.desc());
     size_t matched = 0;
     for (size_t i = 0; i < params_.size(); ++i) {
-      if (roles_[i] == ParamRole::kFrozen) continue;
+      if (roles_[i] == ParamRole::kFrozen || !params_[i].grad.defined()) continue;
       for (const Tensor& g : known_grads)
         if (g.data_ptr() == params_[i].grad.data_ptr() && g.numel() == params_[i].grad.numel()) {
           known[i] = true;
@@ -90,12 +91,16 @@ double AdamW::grad_norm(Context& ctx, double scale, const Tensor& known_sum, con
     if (matched == known_grads.size()) {
       acc = Tensor::zeros({1}, DType::kF64, known_sum.device(), MemCategory::kWorkspace);
       ops::sum_accumulate(ctx, known_sum, acc);  // known_sum itself is left as it is
+      for (size_t i = 0; i < params_.size(); ++i) known[i] = known[i] || !params_[i].grad.defined();
     } else {
       std::fill(known.begin(), known.end(), false);
     }
   }
   for (size_t i = 0; i < params_.size(); ++i) {
     if (roles_[i] == ParamRole::kFrozen || known[i]) continue;
+    MT_CHECK(params_[i].grad.defined(), "[adamw] {} has no gradient buffer (updated in backward), so the gradient norm "
+             "needs its sum of squares from backward (known_sum{})", params_[i].name,
+             known_sum.defined() ? ", which named a gradient that is not a trainable parameter's" : " was not given");
     if (!acc.defined()) acc = Tensor::zeros({1}, DType::kF64, params_[i].grad.device(), MemCategory::kWorkspace);
     ops::sum_squares_accumulate(ctx, params_[i].grad, acc);
   }
@@ -114,7 +119,8 @@ ops::AdamWParams AdamW::params_for_(Context& ctx, size_t i, double lr, double gr
   ap.weight_decay = roles_[i] == ParamRole::kDecay ? static_cast<float>(cfg_.weight_decay) : 0.0f;
   ap.step = step;
   ap.grad_scale = static_cast<float>(grad_scale);
-  // One stream per (parameter, step); element j of the parameter reads word j % 4 of call j / 4.
+  // One stream per (parameter, step); element j of the parameter reads the 16-bit half j % 8 of
+  // call j / 8 (adamw_math::random_word).
   ap.stochastic_rounding = cfg_.stochastic_rounding && master_[i].dtype() == DType::kBF16;
   ap.rng = ctx.rng(kRngPurposeAdamWRounding + i, static_cast<uint64_t>(step));
   return ap;
@@ -132,6 +138,8 @@ void AdamW::step(Context& ctx, double lr, double grad_scale, const std::vector<T
   ++step_;
   for (size_t i = 0; i < params_.size(); ++i) {
     if (roles_[i] == ParamRole::kFrozen || in_list(done, params_[i].weight)) continue;
+    MT_CHECK(params_[i].grad.defined(), "[adamw] step {}: {} has no gradient buffer, so it must be updated in backward "
+             "(optimizer.update_in_backward), but it was not", step_, params_[i].name);
     const ops::AdamWParams ap = params_for_(ctx, i, lr, grad_scale, step_);
     Tensor compute = master_[i].storage() == params_[i].weight.storage() ? Tensor() : params_[i].weight;
     ops::adamw_step(ctx, master_[i], params_[i].grad, m_[i], v_[i], ap, compute);

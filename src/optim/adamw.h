@@ -21,6 +21,10 @@ struct OptimParam {
   std::string name;
   Tensor weight;  // compute weights (model-owned storage; updated in place)
   Tensor grad;    // f32 or bf16, same shape, same device; accumulated by backward
+  // No gradient buffer (grad undefined): the weight is updated only in backward (in_backward_targets,
+  // optimizer.update_in_backward with one micro-batch); grad_norm takes its sum of squares from
+  // known_sum, and step() must find it in `done`.
+  bool in_backward_only = false;
 };
 
 // "fp32" -> kF32, "bf16" -> kBF16 (the optimizer.*_dtype keys); anything else throws naming `key`.

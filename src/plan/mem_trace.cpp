@@ -280,10 +280,14 @@ void layer_backward(Trace& t, const ModelConfig& c, const Dims& d, const TraceSh
     at_end.push_back(W(T * d.k * 4, "dtopk_w"));
     t.free(dyp_send);
     const int dact = W(R * d.I_moe * dt, "dact");
+    // The expert weights' gradient workspace of the in-backward update (down, then gate_up).
+    const double expert_mats = d.E / static_cast<double>(s.ep) * d.H * d.I_moe * s.expert_grad_scratch_bytes;
+    if (expert_mats > 0) t.free(W(expert_mats, "expert down gradient (in-backward update workspace)"));
     t.free(dyp);
     const int dgu = W(R * 2 * d.I_moe * dt, "dgu");
     t.free(dact);
     const int dxp = W(R * d.H * dt, "dxp");
+    if (expert_mats > 0) t.free(W(2 * expert_mats, "expert gate_up gradient (in-backward update workspace)"));
     t.free(dgu);
     at_end.push_back(dxp);
     if (s.ep > 1) at_end.push_back(t.alloc(TraceGroup::kDispatch, kWork, d.Tk * d.H * dt, "dxp back [T*k,H]"));

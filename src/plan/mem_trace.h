@@ -37,6 +37,9 @@ struct TraceShape {
   bool ones_cache = true;    // the model's cached ones vector is first allocated in this micro-batch
   bool aux_grad = true;      // the aux loss has a gradient (coefficient != 0)
   bool z_loss = false;
+  // > 0: each expert matrix's backward takes a gradient workspace of this many bytes per element
+  // while it runs (optimizer.update_in_backward without gradient buffers, on the two-op path).
+  int expert_grad_scratch_bytes = 0;
   Recompute recompute = Recompute::kNone;
 };
 

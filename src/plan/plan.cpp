@@ -157,6 +157,7 @@ PlanInput PlanInput::from_config(const TrainConfig& cfg, const Hardware& hw) {
   in.main_params_dtype = parse_precision_dtype(cfg.optimizer.main_params_dtype, "optimizer.main_params_dtype");
   in.exp_avg_dtype = parse_precision_dtype(cfg.optimizer.exp_avg_dtype, "optimizer.exp_avg_dtype");
   in.exp_avg_sq_dtype = parse_precision_dtype(cfg.optimizer.exp_avg_sq_dtype, "optimizer.exp_avg_sq_dtype");
+  in.update_in_backward = cfg.optimizer.update_in_backward;
   return in;
 }
 

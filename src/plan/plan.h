@@ -99,6 +99,7 @@ struct PlanInput {
   DType main_params_dtype = DType::kF32;
   DType exp_avg_dtype = DType::kF32;
   DType exp_avg_sq_dtype = DType::kF32;
+  bool update_in_backward = false;  // optimizer.update_in_backward (with one micro-batch: no expert gradients)
 
   // Tokens in one micro-batch on one GPU before splitting by tp/cp (DPO: chosen + rejected).
   int64_t micro_batch_tokens() const;

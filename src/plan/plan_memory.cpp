@@ -3,6 +3,7 @@
 // layout and optimizer, the activation peak from the allocation replay (mem_trace.cpp), and what
 // the device holds outside moetrain's allocator; host memory per node and checkpoint sizes.
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -108,6 +109,14 @@ StageParams stage_params(const ModelConfig& c, const Layout& lay, int64_t first,
   return s;
 }
 
+// H100 / H200 / H800 by name (presets "h100", "h200"; devices "NVIDIA H100 80GB HBM3"): compute
+// capability 9.0, where the dW kernel can apply AdamW in its epilogue.
+bool is_hopper(const std::string& name) {
+  std::string n = name;
+  std::transform(n.begin(), n.end(), n.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  return n.find("h100") != std::string::npos || n.find("h200") != std::string::npos || n.find("h800") != std::string::npos;
+}
+
 double frozen_fraction(const ModelConfig& c, const std::vector<std::string>& freeze, bool expert) {
   if (freeze.empty()) return 0.0;
   double frozen = 0, total = 0;
@@ -172,9 +181,19 @@ StagePlan plan_stage(const PlanInput& in, const Hardware& hw, int64_t first, int
   const DType weight_dtype = cpu ? DType::kF32 : DType::kBF16;
   const bool has_master = !offload && in.main_params_dtype != weight_dtype;
   const double master_bytes = has_master ? static_cast<double>(dtype_size(in.main_params_dtype)) : 0.0;
+  // optimizer.update_in_backward with one micro-batch and experts that need no gradient reduction
+  // (expert data parallel 1): trainable expert weights have no gradient buffer (train/trainer.cpp).
+  // Their backward op then needs a workspace for one matrix's gradient unless the Hopper dW kernel
+  // applies AdamW in its epilogue (f32 master, cc 9.0: kernels/cuda/grouped_matmul_adamw.cu).
+  const int64_t gbs = in.global_batch_size > 0 ? in.global_batch_size : in.micro_batch_size * lay.dp;
+  const bool expert_grads_free = in.update_in_backward && in.optimizer == OptimizerKind::kAdamW &&
+                                 gbs <= in.micro_batch_size * lay.dp && lay.expert_dp() == 1 && c.is_moe();
+  const bool fused_update = !cpu && has_master && in.main_params_dtype == DType::kF32 &&
+                            in.exp_avg_dtype == DType::kF32 && in.exp_avg_sq_dtype == DType::kF32 && is_hopper(hw.name);
   std::array<double, kNumMemCategories> pers{};
   pers[ci(MemCategory::kWeights)] = local * wbytes;
-  pers[ci(MemCategory::kGradients)] = p.grad_f32 * 4 + (local - p.grad_f32) * gbytes;
+  pers[ci(MemCategory::kGradients)] =
+      p.grad_f32 * 4 + (local - p.grad_f32 - (expert_grads_free ? te : 0.0)) * gbytes;
   pers[ci(MemCategory::kMaster)] = master_bytes * shard_params;
   pers[ci(MemCategory::kOptimizer)] = td / shard_d * sb_dense + te / shard_e * sb_expert;
   const bool dp_comm = lay.dp * lay.cp > 1 || lay.expert_dp() > 1;
@@ -192,7 +211,9 @@ StagePlan plan_stage(const PlanInput& in, const Hardware& hw, int64_t first, int
       fmt::format("{:.3f} B params on this GPU ({:.3f} B expert)", local / 1e9, p.expert / 1e9));
   add(in.main_grads_dtype == DType::kF32 ? std::string("gradients (f32)")
                                          : fmt::format("gradients ({} matrices, f32 norms and embedding)", dtype_name(in.main_grads_dtype)),
-      MemCategory::kGradients, pers[ci(MemCategory::kGradients)], "every parameter, accumulated over micro-batches");
+      MemCategory::kGradients, pers[ci(MemCategory::kGradients)],
+      expert_grads_free ? "all but the trainable expert weights (updated in backward)"
+                        : "every parameter, accumulated over micro-batches");
   add(fmt::format("master weights ({})", dtype_name(in.main_params_dtype)), MemCategory::kMaster, pers[ci(MemCategory::kMaster)],
       in.distributed_optimizer && shard_d * shard_e > 1
           ? fmt::format("sharded: dense over {}, experts over {}", shard_d, shard_e) : "");
@@ -223,6 +244,7 @@ StagePlan plan_stage(const PlanInput& in, const Hardware& hw, int64_t first, int
   ts.aux_grad = in.aux_loss && c.is_moe();
   ts.z_loss = in.z_loss;
   ts.recompute = in.recompute;
+  ts.expert_grad_scratch_bytes = expert_grads_free && !fused_update && te > 0 ? static_cast<int>(gbytes) : 0;
   const double tk = static_cast<double>(ts.tokens * c.num_experts_per_tok);
   const double cap = static_cast<double>(lay.ep) * static_cast<double>(ts.tokens) *
                      std::min<double>(static_cast<double>(c.num_experts_per_tok),

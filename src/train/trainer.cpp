@@ -22,6 +22,7 @@
 #include "model/hf_checkpoint.h"
 #include "model/qwen3_model.h"
 #include "optim/adamw.h"
+#include "optim/name_pattern.h"
 #include "optim/schedule.h"
 #include "train/checkpoint.h"
 #include "train/data_setup.h"
@@ -167,7 +168,22 @@ void Trainer::setup_model_() {
     params_ = ModelParams::allocate(mc_, dtype, device_);
     init_params_random(params_, static_cast<uint64_t>(cfg_.training.seed), static_cast<float>(cfg_.model.init_method_std));
   }
-  grads_ = allocate_gradients(mc_, device_, parse_precision_dtype(cfg_.optimizer.main_grads_dtype, "optimizer.main_grads_dtype"));
+  // optimizer.update_in_backward with one micro-batch per step: a trainable expert weight's
+  // gradient is formed and consumed inside its backward op, so it gets no buffer (1.2 GB per
+  // Qwen3-30B-A3B layer in bf16); frozen expert weights keep theirs (backward still writes them).
+  const DType gdt = parse_precision_dtype(cfg_.optimizer.main_grads_dtype, "optimizer.main_grads_dtype");
+  const bool expert_grads = !cfg_.optimizer.update_in_backward || accum_ != 1;
+  grads_ = allocate_gradients(mc_, device_, gdt, expert_grads);
+  for (size_t l = 0; l < grads_.layers.size() && !expert_grads; ++l) {
+    LayerParams& g = grads_.layers[l];
+    if (!g.sparse) continue;
+    const std::string pre = "model.layers." + std::to_string(l) + ".mlp.experts.";
+    const LayerParams& w = params_.layers[l];
+    if (name_matches_any(cfg_.model.freeze, pre + "gate_up_proj"))
+      g.experts_gate_up = Tensor::zeros(w.experts_gate_up.shape(), gdt, device_, MemCategory::kGradients);
+    if (name_matches_any(cfg_.model.freeze, pre + "down_proj"))
+      g.experts_down = Tensor::zeros(w.experts_down.shape(), gdt, device_, MemCategory::kGradients);
+  }
   ModelOptions mo;
   mo.aux_coef = static_cast<float>(cfg_.model.moe_aux_loss_coeff / static_cast<double>(accum_));
   mo.zloss_coef = static_cast<float>(cfg_.model.moe_z_loss_coeff / static_cast<double>(accum_));
@@ -210,7 +226,7 @@ void Trainer::setup_optimizer_() {
   params_.for_each([&](const std::string& n, Tensor& t) {
     auto it = grad_of.find(n);
     MT_CHECK(it != grad_of.end(), "[train] no gradient tensor for parameter {}", n);
-    ps.push_back({n, t, it->second});
+    ps.push_back({n, t, it->second, !it->second.defined()});  // undefined: updated in backward only
   });
   AdamWConfig ac;
   ac.beta1 = cfg_.optimizer.adam_beta1;

@@ -363,5 +363,72 @@ TEST(PlanMemory, HandComputedQwen3On8GpusExpertParallel) {
   EXPECT_DOUBLE_EQ(off.host_per_node, 8 * (kHostProcessBytes + 16 * owned));
 }
 
+// optimizer.update_in_backward with one micro-batch: the expert weights have no gradient buffer,
+// and on the two-op path (the CPU; bf16 masters on GPUs) each expert matrix's backward takes a
+// workspace for its gradient. The replay equals the allocator, and the planned gradient bytes
+// equal what the trainer allocates; with two micro-batches nothing changes.
+TEST(PlanTrace, InBackwardUpdateWithoutExpertGradientsEqualsTheAllocator) {
+  const ModelConfig cfg = ModelConfig::preset("tiny-moe");
+  ModelParams p = ModelParams::allocate(cfg, DType::kF32, Device::cpu());
+  init_params_random(p, 7);
+  Allocator& a = allocator_for(Device::cpu());
+  const MemStats before_grads = a.stats();
+  ModelParams g = allocate_gradients(cfg, Device::cpu(), DType::kF32, /*expert_matrices=*/false);
+  const double grad_bytes = static_cast<double>(a.stats().current[static_cast<size_t>(MemCategory::kGradients)] -
+                                                before_grads.current[static_cast<size_t>(MemCategory::kGradients)]);
+  std::vector<OptimParam> ps;
+  std::map<std::string, Tensor> gm;
+  g.for_each([&](const std::string& name, Tensor& t) { gm[name] = t; });
+  p.for_each([&](const std::string& name, Tensor& t) { ps.push_back({name, t, gm[name], !gm[name].defined()}); });
+  AdamW opt(ps, AdamWConfig{});
+  std::vector<Tensor> experts;
+  for (LayerParams& l : p.layers)
+    if (l.sparse) experts.push_back(l.experts_gate_up), experts.push_back(l.experts_down);
+  ASSERT_FALSE(experts.empty());
+  const Batch batch = Batch::from_documents({{3, 9, 4, 1, 7, 7, 2, 5, 8}, {6, 2, 2, 9}});
+  const int64_t T = 13;
+  Qwen3Model model(p, ModelOptions{});
+  Context ctx;
+  model.set_overwrite_matrix_grads();
+  model.request_in_backward_updates(opt.in_backward_targets(ctx, 1e-3, experts));
+  a.reset_peaks();
+  const MemStats before = a.stats();
+  { ForwardResult r = model.forward_backward(ctx, batch, g); }
+  const MemStats after = a.stats();
+  EXPECT_EQ(model.updated_in_backward().size(), experts.size());
+
+  TraceShape s;
+  s.tokens = T;
+  s.expert_rows = T * cfg.num_experts_per_tok;
+  s.num_docs = 2;
+  s.num_layers = cfg.num_hidden_layers;
+  s.vocab_local = cfg.vocab_size;
+  s.ce_chunk = loss_head_chunk_rows(T, cfg.vocab_size, DType::kF32, 0, ModelOptions{}.ce_chunk_bytes);
+  s.dtype_bytes = 4;
+  s.batch_on_device = false;
+  s.on_cuda = false;
+  s.aux_grad = cfg.router_aux_loss_coef > 0;
+  s.expert_grad_scratch_bytes = 4;
+  const TraceResult r = trace_micro_batch(cfg, s);
+  for (MemCategory c : {MemCategory::kActivations, MemCategory::kWorkspace, MemCategory::kOther}) {
+    const size_t i = static_cast<size_t>(c);
+    EXPECT_EQ(r.category_peak[i], static_cast<double>(after.peak[i] - before.current[i])) << mem_category_name(c);
+  }
+  EXPECT_EQ(r.total_peak, static_cast<double>(after.total_peak - before.total_current));
+  s.expert_grad_scratch_bytes = 0;  // the workspace is what the replay needed to match
+  EXPECT_LT(trace_micro_batch(cfg, s).category_peak[static_cast<size_t>(MemCategory::kWorkspace)],
+            r.category_peak[static_cast<size_t>(MemCategory::kWorkspace)]);
+
+  PlanInput in;
+  in.model = cfg;
+  in.update_in_backward = true;
+  const Hardware cpu = Hardware::preset("cpu");
+  EXPECT_EQ(plan_memory(in, cpu).at_peak[static_cast<size_t>(MemCategory::kGradients)], grad_bytes);
+  in.global_batch_size = 2;  // two micro-batches: the buffers are back
+  EXPECT_EQ(plan_memory(in, cpu).at_peak[static_cast<size_t>(MemCategory::kGradients)],
+            grad_bytes + 4.0 * static_cast<double>(experts.size() / 2) * 3 * cfg.num_experts * cfg.hidden_size *
+                             cfg.moe_intermediate_size);
+}
+
 }  // namespace
 }  // namespace moetrain

@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 
 #include "core/log.h"
@@ -29,6 +30,7 @@ struct InBwdCase {
   DType moments = DType::kF32;
   int micro_batches = 1;
   std::vector<std::string> freeze;
+  bool no_expert_grads = false;  // the in-backward run has no expert gradient buffers (one micro-batch)
 };
 
 // One tiny-moe model + optimizer; `in_backward` runs the expert updates inside the last pass.
@@ -38,16 +40,21 @@ struct InBwdRun {
   std::unique_ptr<Qwen3Model> model;
   std::unique_ptr<AdamW> opt;
   std::vector<Batch> batches;
+  bool expert_grads = true;  // false: the expert gradients have no buffers
 
-  explicit InBwdRun(const InBwdCase& s) {
+  InBwdRun(const InBwdCase& s, bool in_backward) {
     params = ModelParams::allocate(cfg, DType::kF32, Device::cpu());
     init_params_random(params, 7, 0.2f);
-    grads = allocate_gradients(cfg, Device::cpu(), s.grad_dtype);
+    expert_grads = !(in_backward && s.no_expert_grads);
+    grads = allocate_gradients(cfg, Device::cpu(), s.grad_dtype, expert_grads);
     model = std::make_unique<Qwen3Model>(params);
     std::vector<OptimParam> ps;
     params.for_each([&](const std::string& n, Tensor& t) { ps.push_back({n, t, Tensor()}); });
     size_t i = 0;
-    grads.for_each([&](const std::string&, Tensor& t) { ps[i++].grad = t; });
+    grads.for_each([&](const std::string&, Tensor& t) {
+      ps[i].grad = t;
+      ps[i++].in_backward_only = !t.defined();
+    });
     AdamWConfig ac;
     ac.weight_decay = 0.1;
     ac.beta2 = 0.95;
@@ -78,8 +85,9 @@ struct InBwdRun {
     const auto* k = model->grad_sum_squares();
     EXPECT_NE(k, nullptr);
     // In-backward, the known sums cover exactly the updated (trainable) expert matrices, so the
-    // norm never reads their buffers (which the fused Hopper kernel leaves unwritten).
-    if (in_backward) EXPECT_EQ(k->grads.size(), model->updated_in_backward().size());
+    // norm never reads their buffers (which the fused Hopper kernel leaves unwritten); without
+    // buffers there is nothing to name.
+    if (in_backward) EXPECT_EQ(k->grads.size(), expert_grads ? model->updated_in_backward().size() : 0u);
     const double norm = opt->grad_norm(ctx, 1.0, k->sum, k->grads);
     EXPECT_EQ(model->updated_in_backward().size(), in_backward ? opt->in_backward_targets(ctx, lr, expert_weights()).size() : 0u);
     opt->step(ctx, lr, 1.0, model->updated_in_backward());
@@ -107,10 +115,14 @@ TEST(UpdateInBackward, SameBitsAsTheOrdinaryStep) {
       {"bf16 grads, two micro-batches", {DType::kBF16, DType::kF32, DType::kF32, 2, {}}},
       {"bf16 master (stochastic) + bf16 moments", {DType::kBF16, DType::kBF16, DType::kBF16, 1, {}}},
       {"f32, three micro-batches, layer 1 experts frozen", {DType::kF32, DType::kF32, DType::kF32, 3, {"layers.1.mlp.experts.*"}}},
+      {"f32, no expert gradient buffers", {DType::kF32, DType::kF32, DType::kF32, 1, {}, true}},
+      {"bf16 everything, no expert gradient buffers", {DType::kBF16, DType::kBF16, DType::kBF16, 1, {}, true}},
   };
   for (const auto& [name, s] : cases) {
     Context ca, cb;
-    InBwdRun a(s), b(s);
+    InBwdRun a(s, false), b(s, true);
+    for (const LayerParams& l : b.grads.layers)  // the case builds what it says
+      if (l.sparse) EXPECT_EQ(l.experts_gate_up.defined() || l.experts_down.defined(), !s.no_expert_grads) << name;
     ASSERT_GT(a.expert_weights().size(), 0u);
     for (int st = 1; st <= 3; ++st) {
       const double lr = 1e-2 * st;  // a changing learning rate must reach the in-backward targets too
@@ -124,7 +136,7 @@ TEST(UpdateInBackward, SameBitsAsTheOrdinaryStep) {
 
 TEST(UpdateInBackward, TheUpdateHappensInTheLastPassOnly) {
   Context ctx;
-  InBwdRun r(InBwdCase{});
+  InBwdRun r(InBwdCase{}, true);
   const Tensor w = r.params.layers[0].experts_down;
   const std::string before = bytes(w);
   // Requested, then a pass: the expert weights change during backward, before any step().
@@ -139,9 +151,32 @@ TEST(UpdateInBackward, TheUpdateHappensInTheLastPassOnly) {
   EXPECT_TRUE(r.model->updated_in_backward().empty());
 }
 
+// Without expert gradient buffers, each way of reaching a missing gradient fails with a message:
+// a pass without the update, a norm without backward's sums, a step that would read the gradient.
+TEST(UpdateInBackward, WithoutGradientBuffersEveryMissedUpdateIsRefused) {
+  Context ctx;
+  InBwdCase c;
+  c.no_expert_grads = true;
+  InBwdRun r(c, true);
+  auto expect_error = [](const std::function<void()>& fn, const std::string& what) {
+    try {
+      fn();
+      ADD_FAILURE() << "expected an error containing: " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  expect_error([&] { r.model->forward_backward(ctx, r.batches[0], r.grads); },
+               "has no gradient buffer and no in-backward update");
+  r.model->request_in_backward_updates(r.opt->in_backward_targets(ctx, 1e-2, r.expert_weights()));
+  r.model->forward_backward(ctx, r.batches[0], r.grads);
+  expect_error([&] { r.opt->grad_norm(ctx); }, "needs its sum of squares from backward");
+  expect_error([&] { r.opt->step(ctx, 1e-2, 1.0); }, "must be updated in backward");
+}
+
 TEST(UpdateInBackward, RefusesAWeightThatIsNoExperts) {
   Context ctx;
-  InBwdRun r(InBwdCase{});
+  InBwdRun r(InBwdCase{}, true);
   auto targets = r.opt->in_backward_targets(ctx, 1e-2, {r.params.layers[0].q_proj});
   ASSERT_EQ(targets.size(), 1u);
   r.model->request_in_backward_updates(std::move(targets));
@@ -219,8 +254,10 @@ logging:
   tensorboard: false
   plot: false
 )";
-  for (const bool bf16 : {false, true}) {
-    std::vector<std::string> ov = {"data.data_path=[" + data_dir + "/d]"};
+  // global batch 2: two micro-batches, expert gradient buffers kept; 1: none (the op's workspace).
+  for (const auto& [bf16, global_batch] : std::vector<std::pair<bool, int>>{{false, 2}, {true, 2}, {false, 1}, {true, 1}}) {
+    std::vector<std::string> ov = {"data.data_path=[" + data_dir + "/d]",
+                                   "training.global_batch_size=" + std::to_string(global_batch)};
     if (bf16)
       for (const char* k : {"optimizer.main_grads_dtype=bf16", "optimizer.main_params_dtype=bf16",
                             "optimizer.exp_avg_dtype=bf16", "optimizer.exp_avg_sq_dtype=bf16"})
@@ -241,6 +278,16 @@ logging:
       if (r["type"] == "train") rb.push_back(r);
     ASSERT_EQ(ra.size(), 6u);
     ASSERT_EQ(rb.size(), 6u);
+    // With one micro-batch the in-backward run holds no expert gradients: exactly their bytes less.
+    const ModelConfig mc = ModelConfig::preset("tiny-moe");
+    int64_t expert_grad_bytes = 0;
+    for (int64_t l = 0; l < mc.num_hidden_layers; ++l)
+      if (mc.is_sparse_layer(l))
+        expert_grad_bytes += 3 * mc.num_experts * mc.moe_intermediate_size * mc.hidden_size * (bf16 ? 2 : 4);
+    const char* grad_cat = mem_category_name(MemCategory::kGradients);
+    const int64_t ga = ra[0]["memory"][grad_cat]["current"].get<int64_t>(),
+                  gb = rb[0]["memory"][grad_cat]["current"].get<int64_t>();
+    EXPECT_EQ(ga - gb, global_batch == 1 ? expert_grad_bytes : 0) << "bf16 " << bf16 << ", global batch " << global_batch;
     for (size_t i = 0; i < 6; ++i) {
       EXPECT_EQ(ra[i]["loss"].get<double>(), rb[i]["loss"].get<double>()) << "bf16 " << bf16 << ", step " << i + 1;
       EXPECT_EQ(ra[i]["grad_norm"].get<double>(), rb[i]["grad_norm"].get<double>()) << "step " << i + 1;
