@@ -29,6 +29,16 @@ void attn_knobs(int fwd_key_tile, int dq_key_tile, int kv_ctas_per_sm, int bwd_f
   if (bwd_fused >= 0) k.bwd_fused = bwd_fused;
 }
 
+// The warp-specialized sm90 kernels: fwd_ws / bwd_ws 0 or 1, fwd_stages 2 or 3, bwd_det_desc 0 or 1;
+// -1 keeps a value.
+void attn_knobs_ws(int fwd_ws, int fwd_stages, int bwd_ws, int bwd_det_desc) {
+  flash::Sm90Knobs& k = flash::sm90_knobs();
+  if (bwd_det_desc >= 0) k.bwd_det_desc = bwd_det_desc;
+  if (fwd_ws >= 0) k.fwd_ws = fwd_ws;
+  if (fwd_stages >= 0) k.fwd_stages = fwd_stages;
+  if (bwd_ws >= 0) k.bwd_ws = bwd_ws;
+}
+
 // arch 80 or 90; key_tile 64 or 128 (sm90 forward). Returns a cudaError_t.
 int attn_fwd(int arch, int key_tile, const void* q, const void* k, const void* v, const int* cu, long T, long nh,
              long nkv, long d, int ndocs, float scale, void* out, float* lse, void* stream) {

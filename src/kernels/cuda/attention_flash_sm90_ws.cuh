@@ -1,0 +1,533 @@
+// Hopper (sm_90a) warp-specialized attention kernels: a producer warp loads tiles with TMA tensor
+// copies (128B swizzle, the layout of attention_flash_sm90.cuh) into mbarrier-guarded rings; two
+// consumer warpgroups (setmaxnreg 240) run the wgmma. Forward: the softmax of key tile j overlaps the
+// P V GEMM of tile j-1. Fused 5-GEMM backward: producer warps write dQ from shared memory
+// with bulk reduce-adds (ordered by the key-block counters in deterministic mode), off the MMA path;
+// two such writer warps take alternate steps.
+#pragma once
+#include <cuda.h>  // CUtensorMap only (the host encodes it in attention_flash_launch.cuh)
+
+#include "kernels/cuda/attention_flash_sm90_bwd.cuh"
+#include "kernels/cuda/wgmma_sm90.cuh"
+
+namespace moetrain::cuda::flash {
+
+constexpr int kWsThreads = 384;  // producer warpgroup + 2 consumer warpgroups
+constexpr int kWsKeys = 128;     // forward key tile
+
+// ---- PTX helpers ---------------------------------------------------------------------------------
+__device__ __forceinline__ void ws_tma_3d(uint32_t dst, const CUtensorMap* m, int c0, int c1, int c2, uint32_t bar) {
+#if MT_ATTN_SM90A
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+      "[%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(m)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+#endif
+}
+__device__ __forceinline__ void ws_prefetch_map(const CUtensorMap* m) {
+#if MT_ATTN_SM90A
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(m)) : "memory");
+#endif
+}
+// Lane 0 of the warp arrives; predicated in the asm so that no branch splits a warpgroup (C7518).
+__device__ __forceinline__ void ws_arrive_lane0(uint32_t bar, int lane) {
+#if MT_ATTN_SM90A
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.eq.u32 p, %1, 0;\n"
+      "@p mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n" ::"r"(bar),
+      "r"(lane)
+      : "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void ws_regs_dec() {
+#if MT_ATTN_SM90A
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+template <int N>
+__device__ __forceinline__ void ws_regs_inc() {
+#if MT_ATTN_SM90A
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+// Barrier over the 256 consumer threads (id 1; 0 is __syncthreads).
+__device__ __forceinline__ void ws_consumer_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+// f32 add of `bytes` from shared memory into global memory, in the thread's bulk group.
+__device__ __forceinline__ void ws_bulk_reduce_add(float* dst, uint32_t src, uint32_t bytes) {
+#if MT_ATTN_SM90A
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
+               "r"(bytes)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void ws_fence_proxy_global() {
+#if MT_ATTN_SM90A
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void st_shared_v2f(uint32_t addr, float x, float y) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
+}
+
+// ---- forward -------------------------------------------------------------------------------------
+// Shared memory: Q [128][kD], kStages K tiles, kStages V tiles ([128][kD] each), then the barriers
+// q_full, k_full[S], v_full[S], k_empty[S], v_empty[S].
+template <int kD, int kStages>
+constexpr size_t fwd_ws_smem() {
+  return 1024 + (kWgBM + 2 * kStages * kWsKeys) * kD * 2 + (1 + 4 * kStages) * 8;
+}
+
+// Online softmax of one 64 x kN score block (exp2 domain), as attn_fwd_wgmma_kernel: p replaces s,
+// m and l are updated, corr is the factor the output rows still have to be scaled by.
+template <int kN>
+__device__ __forceinline__ void ws_softmax(float (&s)[kN / 8][4], float (&m)[2], float (&l)[2], float (&corr)[2],
+                                           float sl2) {
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < kN / 8; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * hh], s[n][2 * hh + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float mn = fmaxf(m[hh], mx * sl2);
+    const float base = mn == -INFINITY ? 0.0f : mn;
+    corr[hh] = exp2f(m[hh] - base);
+    m[hh] = mn;
+    float rs = 0.0f;
+#pragma unroll
+    for (int n = 0; n < kN / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float p = exp2f(fmaf(s[n][2 * hh + e], sl2, -base));
+        s[n][2 * hh + e] = p;
+        rs += p;
+      }
+    l[hh] = l[hh] * corr[hh] + rs;
+  }
+}
+
+// Forward, 128 queries x 1 head per CTA (grid as attn_fwd_wgmma_kernel). Maps: q / k / v as
+// [T][heads][kD] with boxes of 64 columns x 1 head x 128 rows (rows past T read as zero).
+// Each consumer warpgroup runs over its own contiguous range of key tiles [ja, jb] (tiles outside it
+// are masked for all its rows and only passed on): iteration j issues S_j = Q K_j^T and O += P_{j-1}
+// V_{j-1}, then computes P_j while the second GEMM runs.
+template <int kD, int kStages>
+__global__ void __launch_bounds__(kWsThreads, 1)
+    attn_fwd_ws_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant__ CUtensorMap mk,
+                       const __grid_constant__ CUtensorMap mv, FlashArgs a) {
+#if MT_ATTN_SM90A
+  constexpr int kN = kWsKeys, kTile = kN * kD * 2, kS = kStages;
+  extern __shared__ __align__(1024) unsigned char smem_wg[];
+  const uint32_t sQ = smem_base1024(smem_wg), sK = sQ + kWgBM * kD * 2, sV = sK + kS * kTile;
+  const uint32_t q_full = sV + kS * kTile, k_full = q_full + 8, v_full = k_full + 8 * kS, k_empty = v_full + 8 * kS,
+                 v_empty = k_empty + 8 * kS;
+  const int64_t h = blockIdx.y, g = h / a.group;
+  const int64_t t0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kWgBM;  // long causal rows first
+  const int64_t kmin = a.cu[doc_of(a.cu, a.ndocs, t0)], kend = min(t0 + kWgBM, a.T);
+  const int ntiles = static_cast<int>((kend - kmin + kN - 1) / kN);
+  if (threadIdx.x == 0) {
+    wg::mbar_init(q_full, 1);
+    for (int s = 0; s < kS; ++s) {
+      wg::mbar_init(k_full + 8 * s, 1);
+      wg::mbar_init(v_full + 8 * s, 1);
+      wg::mbar_init(k_empty + 8 * s, 8);  // lane 0 of each consumer warp
+      wg::mbar_init(v_empty + 8 * s, 8);
+    }
+    wg::fence_mbar_init();
+  }
+  __syncthreads();
+  const int wgi = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
+  if (wgi == 0) {  // ---- producer: thread 0 issues every copy ----
+    ws_regs_dec<24>();
+    if (threadIdx.x == 0) {
+      ws_prefetch_map(&mq);
+      ws_prefetch_map(&mk);
+      ws_prefetch_map(&mv);
+      wg::mbar_arrive_tx(q_full, kWgBM * kD * 2);
+#pragma unroll
+      for (int cb = 0; cb < kD / 64; ++cb)
+        ws_tma_3d(sQ + cb * kWgBM * 128, &mq, cb * 64, static_cast<int>(h), static_cast<int>(t0), q_full);
+      // K_j then V_j (K_{j+1} first measured 5% slower on an H100, with 2 stages).
+      auto load = [&](uint32_t ring, uint32_t full, uint32_t empty, const CUtensorMap* m, int jt) {
+        const int s = jt % kS;
+        wg::mbar_wait(empty + 8 * s, (static_cast<uint32_t>(jt / kS) & 1u) ^ 1u);  // fresh: parity 1 passes
+        wg::mbar_arrive_tx(full + 8 * s, kTile);
+#pragma unroll
+        for (int cb = 0; cb < kD / 64; ++cb)
+          ws_tma_3d(ring + s * kTile + cb * kN * 128, m, cb * 64, static_cast<int>(g),
+                    static_cast<int>(kmin) + jt * kN, full + 8 * s);
+      };
+      for (int jt = 0; jt < ntiles; ++jt) {
+        load(sK, k_full, k_empty, &mk, jt);
+        load(sV, v_full, v_empty, &mv, jt);
+      }
+    }
+    __syncwarp();
+  } else {  // ---- consumers ----
+    ws_regs_inc<240>();
+    const int cw = wgi - 1, lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) - 4;
+    const QRows qr = q_rows(a, t0, warp);
+    const WgRows wr = wg_rows(a, t0 + 64 * cw);
+    // This warpgroup's tiles: not wholly before its first row's document, not wholly after its last row.
+    int ja = ntiles, jb = ntiles - 1;
+    if (wr.hi >= wr.lo) {
+      ja = static_cast<int>((wr.beg_lo - kmin) / kN);
+      jb = min(ntiles - 1, static_cast<int>((wr.hi - kmin) / kN));
+    }
+    auto stage = [](int jt) { return jt % kS; };
+    auto parity = [](int jt) { return static_cast<uint32_t>(jt / kS) & 1u; };
+    auto pass = [&](int jt) {  // a tile this warpgroup does not use
+      wg::mbar_wait(k_full + 8 * stage(jt), parity(jt));
+      ws_arrive_lane0(k_empty + 8 * stage(jt), lane);
+      wg::mbar_wait(v_full + 8 * stage(jt), parity(jt));
+      ws_arrive_lane0(v_empty + 8 * stage(jt), lane);
+    };
+    for (int jt = 0; jt < min(ja, ntiles); ++jt) pass(jt);
+    const float sl2 = a.scale * kLog2e;
+    float o[kD / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, corr[2];
+#pragma unroll
+    for (int i = 0; i < kD / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    auto need_mask = [&](int jt) {
+      const int64_t kt = kmin + static_cast<int64_t>(jt) * kN;
+      return !(kt + kN - 1 <= wr.lo && kt >= wr.beg_hi);
+    };
+    if (ja <= jb) {
+      wg::mbar_wait(q_full, 0);
+      uint32_t pa[kN / 16][4];
+      float s[kN / 8][4];
+      {  // first tile: no P V GEMM in flight
+        wg::mbar_wait(k_full + 8 * stage(ja), parity(ja));
+        const uint32_t bK = sK + stage(ja) * kTile;
+        wg_fence();
+#pragma unroll
+        for (int kq = 0; kq < kD / 16; ++kq)
+          wgmma_ss(s, desc_kmaj<kWgBM>(sQ, 64 * cw, kq), desc_kmaj<kN>(bK, 0, kq), kq);
+        wg_commit();
+        wg_wait0();
+        fence_acc(s);
+        ws_arrive_lane0(k_empty + 8 * stage(ja), lane);
+        if (need_mask(ja)) mask_scores_n(s, qr, kmin + static_cast<int64_t>(ja) * kN);
+        ws_softmax<kN>(s, m, l, corr, sl2);
+#pragma unroll
+        for (int kk = 0; kk < kN / 16; ++kk) acc_to_a(pa[kk], s, kk);
+      }
+      for (int jt = ja + 1; jt <= jb; ++jt) {
+        const int sk = stage(jt), sv = stage(jt - 1);
+        wg::mbar_wait(k_full + 8 * sk, parity(jt));
+        wg::mbar_wait(v_full + 8 * sv, parity(jt - 1));
+        const bool masked = need_mask(jt);
+        const uint32_t bK = sK + sk * kTile, bV = sV + sv * kTile;
+        wg_fence();
+#pragma unroll
+        for (int kq = 0; kq < kD / 16; ++kq)
+          wgmma_ss(s, desc_kmaj<kWgBM>(sQ, 64 * cw, kq), desc_kmaj<kN>(bK, 0, kq), kq);
+        wg_commit();
+#pragma unroll
+        for (int kk = 0; kk < kN / 16; ++kk) wgmma_rs(o, pa[kk], desc_mn<kN>(bV, 16 * kk));
+        wg_commit();
+        wg_wait<1>();  // S_j is ready; O += P_{j-1} V_{j-1} still runs
+        fence_acc(s);
+        ws_arrive_lane0(k_empty + 8 * sk, lane);
+        if (masked) mask_scores_n(s, qr, kmin + static_cast<int64_t>(jt) * kN);
+        ws_softmax<kN>(s, m, l, corr, sl2);
+        wg_wait0();
+        fence_acc(o);
+        ws_arrive_lane0(v_empty + 8 * sv, lane);
+#pragma unroll
+        for (int dt = 0; dt < kD / 8; ++dt) {
+          o[dt][0] *= corr[0];
+          o[dt][1] *= corr[0];
+          o[dt][2] *= corr[1];
+          o[dt][3] *= corr[1];
+        }
+#pragma unroll
+        for (int kk = 0; kk < kN / 16; ++kk) acc_to_a(pa[kk], s, kk);
+      }
+      {  // last P V
+        const int sv = stage(jb);
+        wg::mbar_wait(v_full + 8 * sv, parity(jb));
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < kN / 16; ++kk) wgmma_rs(o, pa[kk], desc_mn<kN>(sV + sv * kTile, 16 * kk));
+        wg_commit();
+        wg_wait0();
+        fence_acc(o);
+        ws_arrive_lane0(v_empty + 8 * sv, lane);
+      }
+    }
+    for (int jt = max(jb + 1, ja); jt < ntiles; ++jt) pass(jt);
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      float lt = l[hh];
+      lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+      lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+      const int64_t r = qr.r[hh];
+      if (r >= a.T) continue;
+      const float inv = 1.0f / lt;
+      bf16* orow = a.out + (r * a.nh + h) * kD + 2 * (lane & 3);
+#pragma unroll
+      for (int dt = 0; dt < kD / 8; ++dt)
+        *reinterpret_cast<uint32_t*>(orow + dt * 8) = pack_bf16(o[dt][2 * hh] * inv, o[dt][2 * hh + 1] * inv);
+      if ((lane & 3) == 0) a.lse_out[h * a.T + r] = (m[hh] + log2f(lt)) * kLn2;
+    }
+  }
+#endif
+}
+
+// ---- fused backward ------------------------------------------------------------------------------
+// Shared memory: K, V [128][kD]; 2 stages of Q, dO [64][kD]; 2 dS^T tiles [128 keys][64 queries]
+// bf16; the dQ staging tile [64][kD] f32 with kDqPitch-byte rows (conflict-free float2 stores);
+// lse * log2e and D [2][64] f32; barriers kv_full, q_full[2], q_empty[2], dq_full[2], dq_empty[2].
+template <int kD>
+__host__ __device__ constexpr int ws_dq_pitch() { return kD * 4 + 32; }
+template <int kD>
+constexpr size_t bwd_ws_smem() {
+  return 1024 + (2 * kWgBM + 4 * kWgBN) * kD * 2 + 2 * kWgBM * kWgBN * 2 + kWgBN * ws_dq_pitch<kD>() +
+         4 * kWgBN * 4 + 10 * 8;
+}
+
+// Same work split, ticket order, masking and dQ ordering as attn_bwd_fused_wgmma_kernel. Warp 0
+// loads (K, V once; per step Q and dO by TMA, lse and D by its lanes); warps 1 and 2 (even / odd
+// steps) write each step's dQ tile from shared memory with one bulk copy per row (first key block: store; later: f32 add), in
+// deterministic mode after the counter shows every earlier key block, then advances the counter.
+// Consumer warpgroups: S^T, dP^T, dV, dK as before; dS^T to shared memory; barrier; dQ = dS K.
+template <int kD>
+__global__ void __launch_bounds__(kWsThreads, 1)
+    attn_bwd_ws_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant__ CUtensorMap mk,
+                       const __grid_constant__ CUtensorMap mv, const __grid_constant__ CUtensorMap mg, FlashArgs a,
+                       int desc) {
+#if MT_ATTN_SM90A
+  extern __shared__ __align__(1024) unsigned char smem_wg[];
+  __shared__ int s_ticket;
+  constexpr int kM = kWgBN, kTile = kM * kD * 2, kPitch = ws_dq_pitch<kD>();
+  const uint32_t sK = smem_base1024(smem_wg), sV = sK + kWgBM * kD * 2, sQ = sV + kWgBM * kD * 2,
+                 sG = sQ + 2 * kTile, sS = sG + 2 * kTile, sDQ = sS + 2 * kWgBM * kM * 2,
+                 sLa = sDQ + kM * kPitch, sDa = sLa + 2 * kM * 4, bars = sDa + 2 * kM * 4;
+  const uint32_t kv_full = bars, q_full = bars + 8, q_empty = bars + 24, dq_full = bars + 40, dq_empty = bars + 56;
+  float* sL = reinterpret_cast<float*>(smem_wg + (sLa - mma::smem_addr(smem_wg)));
+  float* sD = sL + 2 * kM;
+  if (threadIdx.x == 0) {
+    s_ticket = atomicAdd(a.ticket, 1);
+    wg::mbar_init(kv_full, 1);
+    for (int s = 0; s < 2; ++s) {
+      wg::mbar_init(q_full + 8 * s, 32);  // every loader lane (lse, D), lane 0 with the TMA bytes
+      wg::mbar_init(q_empty + 8 * s, 8);  // lane 0 of each consumer warp
+    }
+    for (int s = 0; s < 2; ++s) {
+      wg::mbar_init(dq_full + 8 * s, 8);  // steps of this parity: lane 0 of each consumer warp
+      wg::mbar_init(dq_empty + 8 * s, 1);
+    }
+    wg::fence_mbar_init();
+  }
+  __syncthreads();
+  const FusedItem w = fused_item(a, s_ticket);
+  const int64_t g = w.g, j0 = w.jb * kWgBM;
+  const int64_t jlast = min(j0 + kWgBM - 1, a.T - 1);
+  const int64_t qend = a.cu[doc_of(a.cu, a.ndocs, jlast) + 1];
+  const int64_t nqt = (a.T + kM - 1) / kM;
+  const int hpc = a.heads_per_cta;
+  const int64_t h0 = g * a.group + w.split * hpc;
+  const int qtiles = static_cast<int>((qend - j0 + kM - 1) / kM);
+  const int total = qtiles * hpc;
+  // Deterministic mode walks the query tiles backwards: every key block of a document then reaches
+  // a tile at the same step, so block jb + 1 waits about one dQ write for block jb, not two steps.
+  const int rev = a.deterministic && desc;
+  auto step_q0 = [&](int it) {
+    const int qt = it / hpc;
+    return static_cast<int>(j0) + (rev ? qtiles - 1 - qt : qt) * kM;
+  };
+  const int lane = threadIdx.x & 31;
+  const int wgi = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
+  if (wgi == 0) {
+    ws_regs_dec<24>();
+    const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 32, 0);
+    if (warp == 0) {  // ---- loader ----
+      if (lane == 0) {
+        ws_prefetch_map(&mq);
+        ws_prefetch_map(&mg);
+        wg::mbar_arrive_tx(kv_full, 2 * kWgBM * kD * 2);
+#pragma unroll
+        for (int cb = 0; cb < kD / 64; ++cb) {
+          ws_tma_3d(sK + cb * kWgBM * 128, &mk, cb * 64, static_cast<int>(g), static_cast<int>(j0), kv_full);
+          ws_tma_3d(sV + cb * kWgBM * 128, &mv, cb * 64, static_cast<int>(g), static_cast<int>(j0), kv_full);
+        }
+      }
+      for (int it = 0; it < total; ++it) {
+        const int s = it & 1;
+        const int hd = static_cast<int>(h0) + it % hpc, q0 = step_q0(it);
+        wg::mbar_wait(q_empty + 8 * s, ((static_cast<uint32_t>(it) >> 1) & 1u) ^ 1u);
+        for (int i = lane; i < kM; i += 32) {
+          const int t = q0 + i;
+          const bool ok = t < qend;
+          sL[s * kM + i] = ok ? a.lse[hd * a.T + t] * kLog2e : 0.0f;
+          sD[s * kM + i] = ok ? a.dsum[hd * a.T + t] : 0.0f;
+        }
+        if (lane == 0) {
+          wg::mbar_arrive_tx(q_full + 8 * s, 2 * kTile);
+#pragma unroll
+          for (int cb = 0; cb < kD / 64; ++cb) {
+            ws_tma_3d(sQ + s * kTile + cb * kM * 128, &mq, cb * 64, hd, q0, q_full + 8 * s);
+            ws_tma_3d(sG + s * kTile + cb * kM * 128, &mg, cb * 64, hd, q0, q_full + 8 * s);
+          }
+        } else {
+          wg::mbar_arrive(q_full + 8 * s);
+        }
+      }
+    } else if (warp <= 2) {  // ---- dQ writers: warp 1 even steps, warp 2 odd (completion waits overlap) ----
+      for (int it = warp - 1; it < total; it += 2) {
+        const int hd = static_cast<int>(h0) + it % hpc, q0 = step_q0(it);
+        const int* sem = a.sems + hd * nqt + q0 / kM;
+        int first = 0;
+        if (a.deterministic && lane == 0) {
+          const int jlo = a.jb_lo[q0 / kM];
+          const int target = static_cast<int>(w.jb) - jlo;
+          first = w.jb == jlo;
+          for (int64_t spins = 0; ld_acquire_gpu_if(true, sem) < target;)
+            if (++spins > (int64_t{1} << 26)) __trap();  // a scheduling bug becomes an error, not a hang
+          ws_fence_proxy_global();
+        }
+        first = __shfl_sync(0xffffffffu, first, 0);
+        wg::mbar_wait(dq_full + 8 * (it & 1), (static_cast<uint32_t>(it) >> 1) & 1u);
+        const int rows = min(kM, static_cast<int>(a.T) - q0);
+        float* dst = a.dq_acc + (static_cast<int64_t>(hd) * a.T + q0) * kD;
+        for (int r = lane; r < rows; r += 32) {
+          if (first)
+            wg::bulk_store(dst + r * kD, sDQ + r * kPitch, kD * 4);
+          else
+            ws_bulk_reduce_add(dst + r * kD, sDQ + r * kPitch, kD * 4);
+        }
+        wg::bulk_commit();
+        wg::bulk_wait_read();
+        __syncwarp();
+        if (lane == 0) wg::mbar_arrive(dq_empty + 8 * (it & 1));
+        if (a.deterministic) {
+          wg::bulk_wait_all();
+          ws_fence_proxy_global();
+          __syncwarp();
+          red_release_gpu_if(lane == 0, sem);
+        }
+      }
+      wg::bulk_wait_all();
+    }
+    __syncwarp();
+  } else {  // ---- consumers ----
+    ws_regs_inc<240>();
+    const int cw = wgi - 1, warp = (threadIdx.x >> 5) - 4;
+    int key[2], kend[2];
+    for (int hh = 0; hh < 2; ++hh) {
+      key[hh] = static_cast<int>(j0) + warp * 16 + (lane >> 2) + 8 * hh;
+      kend[hh] = key[hh] < a.T ? a.cu[doc_of(a.cu, a.ndocs, key[hh]) + 1] : 0;
+    }
+    const WgRows wr64 = wg_rows(a, j0 + 64 * cw);  // here the rows are keys
+    const int wr_hi = static_cast<int>(wr64.hi), wr_end_lo = static_cast<int>(wr64.end_lo);
+    const float sl2 = a.scale * kLog2e;
+    const int srow = 64 * cw + (warp & 3) * 16 + (lane >> 2);  // this thread's first dS^T row (key)
+    float dk[kD / 8][4], dv[kD / 8][4];
+#pragma unroll
+    for (int i = 0; i < kD / 8; ++i) dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.0f;
+    wg::mbar_wait(kv_full, 0);
+    for (int it = 0; it < total; ++it) {
+      const int q0 = step_q0(it);
+      const int b = it & 1;
+      wg::mbar_wait(q_full + 8 * b, (static_cast<uint32_t>(it) >> 1) & 1u);
+      const uint32_t bQ = sQ + b * kTile, bG = sG + b * kTile, bS = sS + b * kWgBM * kM * 2;
+      const float* L = sL + b * kM;
+      const float* Dv = sD + b * kM;
+      float s[kM / 8][4], dp[kM / 8][4];
+      wg_fence();
+#pragma unroll
+      for (int kq = 0; kq < kD / 16; ++kq)
+        wgmma_ss(s, desc_kmaj<kWgBM>(sK, 64 * cw, kq), desc_kmaj<kM>(bQ, 0, kq), kq);
+      wg_commit();
+#pragma unroll
+      for (int kq = 0; kq < kD / 16; ++kq)
+        wgmma_ss(dp, desc_kmaj<kWgBM>(sV, 64 * cw, kq), desc_kmaj<kM>(bG, 0, kq), kq);
+      wg_commit();
+      wg_wait<1>();  // S^T is ready: P^T and dV += P^T dO overlap the dP^T GEMM
+      fence_acc(s);
+      const bool full = q0 >= wr_hi && q0 + kM <= wr_end_lo;
+#pragma unroll
+      for (int n = 0; n < kM / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int c = n * 8 + 2 * (lane & 3) + (e & 1);
+          const int qi = q0 + c;
+          const int hh = e >> 1;
+          float p = exp2f(fmaf(s[n][e], sl2, -L[c]));
+          if (!full && (qi < key[hh] || qi >= kend[hh])) p = 0.0f;
+          s[n][e] = p;
+        }
+      uint32_t pa[kM / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < kM / 16; ++kk) acc_to_a(pa[kk], s, kk);
+      wg_fence();
+#pragma unroll
+      for (int kk = 0; kk < kM / 16; ++kk) wgmma_rs(dv, pa[kk], desc_mn<kM>(bG, 16 * kk));
+      wg_commit();
+      wg_wait<1>();  // dP^T is ready (groups retire in order); dV may still run
+      fence_acc(dp);
+#pragma unroll
+      for (int n = 0; n < kM / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int c = n * 8 + 2 * (lane & 3) + (e & 1);
+          dp[n][e] = s[n][e] * (dp[n][e] - Dv[c]);
+        }
+#pragma unroll
+      for (int kk = 0; kk < kM / 16; ++kk) acc_to_a(pa[kk], dp, kk);
+      wg_fence();
+#pragma unroll
+      for (int kk = 0; kk < kM / 16; ++kk) wgmma_rs(dk, pa[kk], desc_mn<kM>(bQ, 16 * kk));
+      wg_commit();
+#pragma unroll
+      for (int kk = 0; kk < kM / 16; ++kk)
+#pragma unroll
+        for (int x = 0; x < 4; ++x)
+          st_shared_b32(bS + sw_off<kWgBM>(srow + 8 * (x & 1), 2 * kk + (x >> 1)) + 4 * (lane & 3), pa[kk][x]);
+      fence_async_smem();
+      ws_consumer_sync();  // both halves of dS^T are written (and step it-1's dQ GEMMs, on the other tile, done)
+      float dq[8][4];
+      const uint32_t bK = sK + (kD == 128 ? cw * kWgBM * 128 : 0);
+      wg_fence();
+#pragma unroll
+      for (int kk = 0; kk < kWgBM / 16; ++kk)
+        wgmma_ss_tt(dq, desc_mn<kWgBM>(bS, 16 * kk), desc_mn<kWgBM>(bK, 16 * kk), kk);
+      wg_commit();
+      wg_wait0();
+      fence_acc(dk);
+      fence_acc(dv);
+      fence_acc(dq);
+      ws_arrive_lane0(q_empty + 8 * b, lane);  // Q, dO, lse, D of this stage are no longer read
+      // The writer of the previous step has read its dQ tile.
+      if (it > 0) wg::mbar_wait(dq_empty + 8 * ((it - 1) & 1), (static_cast<uint32_t>(it - 1) >> 1) & 1u);
+      if (kD == 128 || cw == 0) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const uint32_t row = sDQ + ((warp & 3) * 16 + (lane >> 2) + 8 * hh) * kPitch + (64 * cw + 2 * (lane & 3)) * 4;
+#pragma unroll
+          for (int n = 0; n < 8; ++n) st_shared_v2f(row + n * 32, dq[n][2 * hh], dq[n][2 * hh + 1]);
+        }
+      }
+      fence_async_smem();  // read next by the bulk copies
+      __syncwarp();
+      ws_arrive_lane0(dq_full + 8 * (it & 1), lane);
+    }
+    float* pk = a.part_k + w.split * a.T * a.nkv * kD;
+    float* pv = a.part_v + w.split * a.T * a.nkv * kD;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      if (key[hh] >= a.T) continue;
+      const int64_t base = (static_cast<int64_t>(key[hh]) * a.nkv + g) * kD + 2 * (lane & 3);
+#pragma unroll
+      for (int dt = 0; dt < kD / 8; ++dt) {
+        *reinterpret_cast<float2*>(pk + base + dt * 8) = make_float2(dk[dt][2 * hh] * a.scale, dk[dt][2 * hh + 1] * a.scale);
+        *reinterpret_cast<float2*>(pv + base + dt * 8) = make_float2(dv[dt][2 * hh], dv[dt][2 * hh + 1]);
+      }
+    }
+  }
+#endif
+}
+
+}  // namespace moetrain::cuda::flash
