@@ -1,6 +1,6 @@
 // Standalone GPU harness library for the fast attention kernels (no project libraries): exposes the
-// launchers of src/kernels/cuda/attention_flash_launch.cuh (sm80 mma.sync and sm90 wgmma paths) to
-// attn_bench.py through a C ABI, which checks them against torch fp64 math and times them next to
+// launchers of src/kernels/cuda/attention_flash_launch.cuh (sm80 mma.sync and sm90 warp-specialized
+// paths) to attn_bench.py through a C ABI, which checks them against torch fp64 math and times them next to
 // torch flash sdpa. Build: nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -lineinfo
 //   -Isrc -shared -Xcompiler -fPIC bench/standalone/attn_bench.cu -o attn_bench.so
 #include "kernels/cuda/attention_flash_launch.cuh"
@@ -19,30 +19,18 @@ flash::Arch arch_of(int arch) { return arch == 90 ? flash::Arch::kSm90 : flash::
 
 extern "C" {
 
-// Sets the sm90 knobs (see attention_flash_launch.cuh; kv_ctas_per_sm sets both CTA-per-SM knobs);
-// 0 keeps a value; bwd_fused -1 keeps it.
-void attn_knobs(int fwd_key_tile, int dq_key_tile, int kv_ctas_per_sm, int bwd_fused) {
+// Sets the sm90 knobs (attention_flash_launch.cuh): fwd_stages 2 or 3, bwd_ctas_per_sm, bwd_det_desc 0 or
+// 1; -1 keeps a value.
+void attn_set_knobs(int fwd_stages, int bwd_ctas_per_sm, int bwd_det_desc) {
   flash::Sm90Knobs& k = flash::sm90_knobs();
-  if (fwd_key_tile) k.fwd_key_tile = fwd_key_tile;
-  if (dq_key_tile) k.dq_key_tile = dq_key_tile;
-  if (kv_ctas_per_sm) k.kv_ctas_per_sm = k.fused_ctas_per_sm = kv_ctas_per_sm;
-  if (bwd_fused >= 0) k.bwd_fused = bwd_fused;
-}
-
-// The warp-specialized sm90 kernels: fwd_ws / bwd_ws 0 or 1, fwd_stages 2 or 3, bwd_det_desc 0 or 1;
-// -1 keeps a value.
-void attn_knobs_ws(int fwd_ws, int fwd_stages, int bwd_ws, int bwd_det_desc) {
-  flash::Sm90Knobs& k = flash::sm90_knobs();
-  if (bwd_det_desc >= 0) k.bwd_det_desc = bwd_det_desc;
-  if (fwd_ws >= 0) k.fwd_ws = fwd_ws;
   if (fwd_stages >= 0) k.fwd_stages = fwd_stages;
-  if (bwd_ws >= 0) k.bwd_ws = bwd_ws;
+  if (bwd_ctas_per_sm >= 0) k.bwd_ctas_per_sm = bwd_ctas_per_sm;
+  if (bwd_det_desc >= 0) k.bwd_det_desc = bwd_det_desc;
 }
 
-// arch 80 or 90; key_tile 64 or 128 (sm90 forward). Returns a cudaError_t.
-int attn_fwd(int arch, int key_tile, const void* q, const void* k, const void* v, const int* cu, long T, long nh,
-             long nkv, long d, int ndocs, float scale, void* out, float* lse, void* stream) {
-  flash::sm90_knobs().fwd_key_tile = key_tile;
+// arch 80 or 90 (90: the warp-specialized kernels). Returns a cudaError_t.
+int attn_fwd(int arch, const void* q, const void* k, const void* v, const int* cu, long T, long nh, long nkv, long d,
+             int ndocs, float scale, void* out, float* lse, void* stream) {
   return flash::forward(problem(q, k, v, cu, T, nh, nkv, d, ndocs, scale), static_cast<__nv_bfloat16*>(out), lse,
                         arch_of(arch), static_cast<cudaStream_t>(stream));
 }

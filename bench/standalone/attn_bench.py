@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 # Checks and times the fast attention kernels (attn_bench.so, built from attn_bench.cu) on the GPU:
-# correctness of the sm80 and sm90 paths against torch fp64 math per document (out, lse, dq, dk, dv;
-# one document, packed documents, odd T, d 64), bitwise determinism of the backward, and CUDA-event
-# timings (median of --reps after warm-up) next to torch flash sdpa (causal, GQA via enable_gqa), old
-# (cp.async) against warp-specialized (TMA) sm90 kernels. Driver: attn_run.sh.
+# correctness of the sm80 and sm90 (warp-specialized) paths against torch fp64 math per document (out,
+# lse, dq, dk, dv; one document, packed documents, odd T, d 64), bitwise determinism of the backward,
+# with --ref-lib bitwise equality with a reference build (e.g. of the last commit), and CUDA-event
+# timings (median of --reps after warm-up) next to torch flash sdpa (causal, GQA via enable_gqa).
+# Driver: attn_run.sh.
 import argparse
 import ctypes
 import math
@@ -14,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 LIB = None
+REF = None
 
 
 def vp(t):
@@ -24,36 +26,78 @@ def stream():
     return ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
 
 
-def ours_fwd(arch, kt, q, k, v, cu, scale, bufs=None):
+class Lib:
+    """An attn_bench.so. Builds from before 2026-11-22's removal of the cp.async sm90 kernels (commit
+    7dd2f58 and older) have another knob API (attn_knobs / attn_knobs_ws, a key tile in attn_fwd)."""
+
+    def __init__(self, path):
+        self.so = ctypes.CDLL(path)
+        self.legacy = not hasattr(self.so, "attn_set_knobs")
+        L, I, P = ctypes.c_long, ctypes.c_int, ctypes.c_void_p
+        fwd_head = [I, I] if self.legacy else [I]
+        self.so.attn_fwd.argtypes = fwd_head + [P] * 4 + [L] * 4 + [I, ctypes.c_float, P, P, P]
+        self.so.attn_bwd_workspace.restype = L
+        self.so.attn_bwd_workspace.argtypes = [I, L, L, L, L, I]
+        self.so.attn_bwd.argtypes = [I] + [P] * 4 + [L] * 4 + [I, ctypes.c_float] + [P] * 7 + [I, I, P]
+        if self.legacy:
+            self.so.attn_knobs.argtypes = [I] * 4
+            self.so.attn_knobs_ws.argtypes = [I] * 4
+        else:
+            self.so.attn_set_knobs.argtypes = [I] * 3
+
+    def knobs(self, stages, ctas, desc):
+        """ws forward ring depth, backward CTAs per SM, descending deterministic order."""
+        if self.legacy:
+            self.so.attn_knobs(128, 128, ctas, 1)
+            self.so.attn_knobs_ws(1, stages, 1, desc)
+        else:
+            self.so.attn_set_knobs(stages, ctas, desc)
+
+    def fwd(self, arch, q, k, v, cu, scale, out, lse):
+        T, nh, d = q.shape
+        head = (arch, 128) if self.legacy else (arch,)
+        rc = self.so.attn_fwd(*head, vp(q), vp(k), vp(v), vp(cu), T, nh, k.shape[1], d, cu.numel() - 1,
+                              ctypes.c_float(scale), vp(out), vp(lse), stream())
+        assert rc == 0, f"attn_fwd rc {rc}"
+
+    def workspace(self, arch, q, k):
+        T, nh, d = q.shape
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        return torch.empty(self.so.attn_bwd_workspace(arch, T, nh, k.shape[1], d, sms), device="cuda",
+                           dtype=torch.uint8)
+
+    def bwd(self, arch, q, k, v, cu, scale, out, lse, dout, ws, det, dq, dk, dv):
+        T, nh, d = q.shape
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        rc = self.so.attn_bwd(arch, vp(q), vp(k), vp(v), vp(cu), T, nh, k.shape[1], d, cu.numel() - 1,
+                              ctypes.c_float(scale), vp(out), vp(lse), vp(dout), vp(dq), vp(dk), vp(dv), vp(ws),
+                              sms, det, stream())
+        assert rc == 0, f"attn_bwd rc {rc}"
+
+
+def ours_fwd(arch, q, k, v, cu, scale, bufs=None, lib=None):
     """bufs = (out, lse) preallocated (timing); else fresh NaN-filled outputs (checks)."""
     T, nh, d = q.shape
-    nkv = k.shape[1]
     if bufs is None:
         out = torch.full_like(q, float("nan"))
         lse = torch.full((nh, T), float("nan"), device="cuda", dtype=torch.float32)
     else:
         out, lse = bufs
-    rc = LIB.attn_fwd(arch, kt, vp(q), vp(k), vp(v), vp(cu), T, nh, nkv, d, cu.numel() - 1, ctypes.c_float(scale),
-                      vp(out), vp(lse), stream())
-    assert rc == 0, f"attn_fwd rc {rc}"
+    (lib or LIB).fwd(arch, q, k, v, cu, scale, out, lse)
     return out, lse
 
 
-def ours_bwd(arch, q, k, v, cu, scale, out, lse, dout, ws=None, det=1, bufs=None):
-    T, nh, d = q.shape
-    nkv = k.shape[1]
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+def ours_bwd(arch, q, k, v, cu, scale, out, lse, dout, ws=None, det=1, bufs=None, lib=None):
+    lib = lib or LIB
     if ws is None:
-        ws = torch.empty(LIB.attn_bwd_workspace(arch, T, nh, nkv, d, sms), device="cuda", dtype=torch.uint8)
+        ws = lib.workspace(arch, q, k)
     if bufs is None:
         dq = torch.full_like(q, float("nan"))
         dk = torch.full_like(k, float("nan"))
         dv = torch.full_like(v, float("nan"))
     else:
         dq, dk, dv = bufs
-    rc = LIB.attn_bwd(arch, vp(q), vp(k), vp(v), vp(cu), T, nh, nkv, d, cu.numel() - 1, ctypes.c_float(scale),
-                      vp(out), vp(lse), vp(dout), vp(dq), vp(dk), vp(dv), vp(ws), sms, det, stream())
-    assert rc == 0, f"attn_bwd rc {rc}"
+    lib.bwd(arch, q, k, v, cu, scale, out, lse, dout, ws, det, dq, dk, dv)
     return dq, dk, dv
 
 
@@ -96,11 +140,9 @@ def rel(x, ref):
     return ((x - ref).norm() / ref.norm().clamp_min(1e-3 * math.sqrt(ref.numel()))).item()
 
 
-# (label, arch, fwd key tile, dQ key tile, kv CTAs/SM, fused, deterministic, fwd_ws, fwd_stages, bwd_ws)
-CHECKS = (("sm80", 80, 64, 64, 3, 0, 1, 0, 2, 0), ("split-kt64", 90, 64, 64, 3, 0, 1, 0, 2, 0),
-          ("split", 90, 128, 128, 6, 0, 1, 0, 2, 0), ("old-fused-det", 90, 128, 128, 12, 1, 1, 0, 2, 0),
-          ("old-fused-nd", 90, 128, 128, 12, 1, 0, 0, 2, 0), ("ws-det", 90, 128, 128, 12, 1, 1, 1, 2, 1),
-          ("ws-det-c6-s3", 90, 128, 128, 6, 1, 1, 1, 3, 1), ("ws-nondet", 90, 128, 128, 12, 1, 0, 1, 3, 1))
+# (label, arch, deterministic, ws forward stages, backward CTAs/SM, descending det order)
+CHECKS = (("sm80", 80, 1, 3, 12, 1), ("ws-det", 90, 1, 2, 12, 1), ("ws-det-c6-s3-asc", 90, 1, 3, 6, 0),
+          ("ws-nondet", 90, 0, 3, 12, 1))
 
 
 def check_case(name, T, nh, nkv, d, cu_list, log):
@@ -113,26 +155,26 @@ def check_case(name, T, nh, nkv, d, cu_list, log):
     scale = 1.0 / math.sqrt(d)
     ro, rl, rdq, rdk, rdv = reference(q, k, v, cu, scale, dout)
     ok = True
-    ref_bits = {}
-    for label, arch, kt, dqt, ctas, fused, want_det, fws, fst, bws in CHECKS:
-        LIB.attn_knobs(kt, dqt, ctas, fused)
-        LIB.attn_knobs_ws(fws, fst, bws, 0 if label == "ws-det-c6-s3" else 1)  # c6-s3: ascending det order
-        out, lse = ours_fwd(arch, kt, q, k, v, cu, scale)
+    for label, arch, want_det, stages, ctas, desc in CHECKS:
+        LIB.knobs(stages, ctas, desc)
+        out, lse = ours_fwd(arch, q, k, v, cu, scale)
         dq, dk, dv = ours_bwd(arch, q, k, v, cu, scale, out, lse, dout, det=want_det)
         dq2, dk2, dv2 = ours_bwd(arch, q, k, v, cu, scale, out, lse, dout, det=want_det)
         det = torch.equal(dq, dq2) and torch.equal(dk, dk2) and torch.equal(dv, dv2)
         errs = dict(out=rel(out, ro), dq=rel(dq, rdq), dk=rel(dk, rdk), dv=rel(dv, rdv))
         lse_err = (lse.double() - rl).abs().max().item() if torch.isfinite(lse).all() else float("inf")
         good = all(e < 1e-2 for e in errs.values()) and lse_err < 1e-3 and (det or not want_det)
-        ok &= good
-        # Bits against the cp.async kernels (same arithmetic order: expected equal, reported only).
         same = ""
-        if label in ("old-fused-det", "ws-det"):
-            ref_bits.setdefault(label, (out, lse, dq, dk, dv))
-        if label == "ws-det" and "old-fused-det" in ref_bits:
-            same = " same_bits_as_old=" + "".join(
-                "1" if torch.equal(x, y) else "0" for x, y in zip(ref_bits["old-fused-det"], (out, lse, dq, dk, dv)))
-        msg = (f"check {name:<24} {label:<14} sm{arch} c{ctas:<2} d{want_det} "
+        if REF is not None:  # bits of out, lse, dq, dk, dv against the reference build (dq: det only)
+            REF.knobs(stages, ctas, desc)
+            rout, rlse = ours_fwd(arch, q, k, v, cu, scale, lib=REF)
+            rdq_, rdk_, rdv_ = ours_bwd(arch, q, k, v, cu, scale, out, lse, dout, det=want_det, lib=REF)
+            pairs = ((out, rout), (lse, rlse), (dq, rdq_) if want_det else None, (dk, rdk_), (dv, rdv_))
+            bits = "".join("-" if p is None else "1" if torch.equal(*p) else "0" for p in pairs)
+            same = f" ref_bits={bits}"
+            good &= "0" not in bits
+        ok &= good
+        msg = (f"check {name:<24} {label:<17} sm{arch} c{ctas:<2} d{want_det} "
                + " ".join(f"{k_}={e:.2e}" for k_, e in errs.items())
                + f" lse_maxabs={lse_err:.1e} det={det}{same} {'PASS' if good else 'FAIL'}")
         print(msg, flush=True)
@@ -166,33 +208,36 @@ def bench(T, reps, log, rows, doc=None):
     cu = torch.arange(0, T + 1, doc, device="cuda", dtype=torch.int32)
     scale = 1.0 / math.sqrt(d)
     f = 4.0 * (T // doc) * (doc * (doc + 1) / 2) * d * nh
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
     tag = f"T{T} doc{doc}"
-    arch, kt = 90, 128
-    LIB.attn_knobs(kt, 128, 12, 1)
-    for fws, fst in ((0, 2), (1, 2), (1, 3), (0, 2), (1, 2)):  # old and new twice: the spread
-        LIB.attn_knobs_ws(fws, fst, -1, -1)
-        out, lse = ours_fwd(arch, kt, q, k, v, cu, scale)
-        fb = (torch.empty_like(q), torch.empty(nh, T, device="cuda", dtype=torch.float32))
-        tf = median_ms(lambda: ours_fwd(arch, kt, q, k, v, cu, scale, fb), reps)
-        rows.append((f"fwd {'ws s' + str(fst) if fws else 'old'} {tag}", tf, f))
-    LIB.attn_knobs_ws(1, 2, -1, -1)
-    out, lse = ours_fwd(arch, kt, q, k, v, cu, scale)
-    # (kv CTAs/SM, deterministic, bwd_ws, descending det order)
+    libs = {"": LIB} if REF is None else {"": LIB, "ref ": REF}
+    fb = (torch.empty_like(q), torch.empty(nh, T, device="cuda", dtype=torch.float32))
+    # (arch, stages, library): ws s3 and the reference twice, interleaved, for the spread
+    for arch, st, lk in ((80, 3, ""), (90, 2, ""), (90, 3, ""), (90, 3, "ref "), (90, 3, ""), (90, 3, "ref ")):
+        if lk not in libs:
+            continue
+        lib = libs[lk]
+        lib.knobs(st, 12, 1)
+        tf = median_ms(lambda: ours_fwd(arch, q, k, v, cu, scale, fb, lib), reps)
+        rows.append((f"{lk}fwd {'ws s' + str(st) if arch == 90 else 'sm80'} {tag}", tf, f))
+    LIB.knobs(3, 12, 1)
+    out, lse = ours_fwd(90, q, k, v, cu, scale)
     bb = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
-    for ctas, det, bws, desc in ((12, 1, 0, 1), (12, 1, 1, 1), (12, 1, 1, 0), (6, 1, 1, 1), (12, 0, 0, 1),
-                                 (12, 0, 1, 1), (6, 0, 1, 1), (12, 1, 0, 1), (12, 1, 1, 1)):
-        LIB.attn_knobs(kt, 128, ctas, 1)
-        LIB.attn_knobs_ws(-1, -1, bws, desc)
-        ws = torch.empty(LIB.attn_bwd_workspace(arch, T, nh, nkv, d, sms), device="cuda", dtype=torch.uint8)
-        tb = median_ms(lambda: ours_bwd(arch, q, k, v, cu, scale, out, lse, dout, ws, det, bb), reps)
-        name = f"{'ws' if bws else 'old'} c{ctas} {'det' if det else 'nondet'}{'' if desc or not bws else ' asc'}"
-        rows.append((f"bwd {name} {tag}", tb, 2.5 * f))
+    # (arch, CTAs/SM, deterministic, descending det order, library)
+    for arch, ctas, det, desc, lk in ((80, 12, 1, 1, ""), (90, 12, 1, 1, ""), (90, 12, 1, 1, "ref "),
+                                      (90, 12, 1, 0, ""), (90, 6, 1, 1, ""), (90, 12, 0, 1, ""), (90, 6, 0, 1, ""),
+                                      (90, 12, 1, 1, ""), (90, 12, 1, 1, "ref ")):
+        if lk not in libs:
+            continue
+        lib = libs[lk]
+        lib.knobs(3, ctas, desc)
+        ws = lib.workspace(arch, q, k)
+        tb = median_ms(lambda: ours_bwd(arch, q, k, v, cu, scale, out, lse, dout, ws, det, bb, lib), reps)
+        name = "sm80 det" if arch == 80 else f"ws c{ctas} {'det' if det else 'nondet'}{'' if desc else ' asc'}"
+        rows.append((f"{lk}bwd {name} {tag}", tb, 2.5 * f))
+    LIB.knobs(3, 12, 1)
     if T == 4096 and doc == T:
-        LIB.attn_knobs(128, 128, 12, 1)
-        for bws in (0, 1):
-            LIB.attn_knobs_ws(-1, -1, bws, 1)
-            ws = torch.empty(LIB.attn_bwd_workspace(arch, T, nh, nkv, d, sms), device="cuda", dtype=torch.uint8)
+        for arch in (80, 90):
+            ws = LIB.workspace(arch, q, k)
             try:
                 from torch.profiler import ProfilerActivity, profile
                 with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -202,12 +247,11 @@ def bench(T, reps, log, rows, doc=None):
                 for ev in prof.key_averages():
                     if "attn" in ev.key:
                         tot = getattr(ev, "device_time_total", 0) or getattr(ev, "cuda_time_total", 0)
-                        line = f"profile bws{bws} {ev.key[:60]:<60} {tot / ev.count / 1e3:8.3f} ms"
+                        line = f"profile sm{arch} {ev.key[:60]:<60} {tot / ev.count / 1e3:8.3f} ms"
                         print(line, flush=True)
                         log.write(line + "\n")
             except Exception as e:  # noqa: BLE001
                 print(f"profile failed: {e}", flush=True)
-    LIB.attn_knobs_ws(1, 3, 1, 1)
     if doc == T:
         from torch.nn.attention import SDPBackend, sdpa_kernel
         qt = q.transpose(0, 1).unsqueeze(0).detach().requires_grad_(True)
@@ -224,40 +268,29 @@ def bench(T, reps, log, rows, doc=None):
 
 
 def main():
-    global LIB
+    global LIB, REF
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", default="./attn_bench.so")
+    ap.add_argument("--ref-lib", default="", help="reference build: outputs must be bitwise equal, timed beside")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--log", default="attn_bench.log")
     ap.add_argument("--skip-check", action="store_true")
     ap.add_argument("--skip-bench", action="store_true")
-    ap.add_argument("--once", type=int, default=-1, help="profiling: one fwd + det bwd at T 4096 with ws knobs = N")
+    ap.add_argument("--once", type=int, default=-1, help="profiling: one fwd + det bwd at T 4096 on arch N (80 / 90)")
     args = ap.parse_args()
-    LIB = ctypes.CDLL(args.lib)
-    LIB.attn_bwd_workspace.restype = ctypes.c_long
-    L = ctypes.c_long
-    LIB.attn_knobs.argtypes = [ctypes.c_int] * 4
-    LIB.attn_knobs.restype = None
-    LIB.attn_knobs_ws.argtypes = [ctypes.c_int] * 4
-    LIB.attn_knobs_ws.restype = None
-    LIB.attn_fwd.argtypes = [ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 4 + [L] * 4 + [
-        ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-    LIB.attn_bwd_workspace.argtypes = [ctypes.c_int, L, L, L, L, ctypes.c_int]
-    LIB.attn_bwd.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 4 + [L] * 4 + [ctypes.c_int, ctypes.c_float] + [
-        ctypes.c_void_p] * 7 + [ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
-    if args.once >= 0:  # for ncu: one forward and one deterministic backward, warp-specialized or not
+    LIB = Lib(args.lib)
+    REF = Lib(args.ref_lib) if args.ref_lib else None
+    if args.once >= 0:  # for ncu: one forward and one deterministic backward
         T, nh, nkv, d = 4096, 32, 4, 128
         q, dout = (torch.randn(T, nh, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         k, v = (torch.randn(T, nkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         cu = torch.tensor([0, T], device="cuda", dtype=torch.int32)
-        LIB.attn_knobs(128, 128, 12, 1)
-        LIB.attn_knobs_ws(args.once, 2, args.once, -1)
-        out, lse = ours_fwd(90, 128, q, k, v, cu, 1.0 / math.sqrt(d))
-        ours_bwd(90, q, k, v, cu, 1.0 / math.sqrt(d), out, lse, dout)
+        out, lse = ours_fwd(args.once, q, k, v, cu, 1.0 / math.sqrt(d))
+        ours_bwd(args.once, q, k, v, cu, 1.0 / math.sqrt(d), out, lse, dout)
         torch.cuda.synchronize()
         return 0
     log = open(args.log, "w")
-    print(torch.cuda.get_device_name(0), torch.__version__, flush=True)
+    print(torch.cuda.get_device_name(0), torch.__version__, f"ref: {args.ref_lib or '-'}", flush=True)
     ok = True
     if not args.skip_check:
         ok &= check_case("one doc T2048 g8 d128", 2048, 32, 4, 128, [0, 2048], log)

@@ -1,5 +1,5 @@
 // Fast bf16 causal GQA attention over packed documents on tensor cores: the op-level entry points.
-// The kernels live in attention_flash_sm90.cuh (wgmma, used on compute capability 9.0) and
+// The kernels live in attention_flash_sm90_ws.cuh (TMA + wgmma, used on compute capability 9.0) and
 // attention_flash_sm80.cuh (mma.sync, elsewhere); attention_flash_launch.cuh launches them.
 // MT_ATTN_ARCH=sm80 forces the mma.sync kernels (read once). Both paths are deterministic unless
 // MT_ATTN_NONDETERMINISTIC=1 (read once) lets the sm90 backward add dQ partials in arrival order.

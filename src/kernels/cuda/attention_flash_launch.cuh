@@ -1,8 +1,7 @@
 // Host-side launchers of the fast bf16 attention kernels, free of project dependencies so that
 // attention_flash.cu (the op) and bench/standalone/attn_bench.cu (the GPU harness) run the same
-// code: sm90 (wgmma, attention_flash_sm90.cuh; fused backward in attention_flash_sm90_bwd.cuh) on
-// compute capability 9.0, else sm80 (mma.sync). On sm90 the warp-specialized TMA kernels
-// (attention_flash_sm90_ws.cuh) are the default; the knobs select the older ones.
+// code: on compute capability 9.0 the warp-specialized TMA + wgmma kernels (attention_flash_sm90_ws.cuh),
+// else, and wherever a TMA map cannot be encoded, the mma.sync kernels (attention_flash_sm80.cuh).
 // Functions return the first CUDA error instead of throwing; the caller checks.
 #pragma once
 #include <cuda.h>  // CUtensorMap and its enums only: the encoder comes from the runtime's entry point
@@ -13,7 +12,6 @@
 #include <cstdint>
 
 #include "kernels/cuda/attention_flash_problem.cuh"
-#include "kernels/cuda/attention_flash_sm90_bwd.cuh"
 #include "kernels/cuda/attention_flash_sm90_ws.cuh"
 
 namespace moetrain::cuda {
@@ -22,18 +20,11 @@ namespace flash {
 
 enum class Arch { kSm80, kSm90 };
 
-// Knobs of the sm90 path, tuned on an H200 (bench/standalone/attn_bench.py varies them): key tile
-// of the forward and of the dQ kernel (64 or 128), and dK/dV CTAs per SM wanted when splitting heads.
+// Knobs of the sm90 path, measured on an H100 / H200 (bench/standalone/attn_bench.py varies them).
 struct Sm90Knobs {
-  int fwd_key_tile = 128;   // 128 beat 64 by 10-13% (T 4096 / 8192)
-  int dq_key_tile = 128;    // 128 beat 64 by 1-2% despite a 96-byte spill
-  int kv_ctas_per_sm = 6;   // 6 beat 2-3 by 5-7%: finer head splits balance the causal tail
-  int bwd_fused = 1;        // 1: fused 5-GEMM backward (attention_flash_sm90_bwd.cuh); 0: dQ + dK/dV kernels
-  int fused_ctas_per_sm = 12;  // fused backward: 12 beat 6 by 1.6% at T 8192 (8 head splits, not 4)
-  int fwd_ws = 1;      // 1: warp-specialized TMA forward (attention_flash_sm90_ws.cuh), 26-28% faster; 0: old
-  int fwd_stages = 3;  // K / V ring depth of the ws forward: 3 beat 2 by 2-3% (H100, T 4096 / 8192)
-  int bwd_ws = 1;      // 1: warp-specialized fused backward (needs bwd_fused), 35-39% faster det; 0: old
-  int bwd_det_desc = 1;  // ws deterministic backward: query tiles backwards, 3-7% faster than forwards
+  int fwd_stages = 3;         // K / V ring depth of the forward: 3 beat 2 by 2-3% (H100, T 4096 / 8192)
+  int bwd_ctas_per_sm = 12;   // backward head splits aim at this many CTAs per SM: 12 beat 6 by 1.6% at T 8192
+  int bwd_det_desc = 1;       // deterministic backward: query tiles backwards, 3-7% faster than forwards
 };
 inline Sm90Knobs& sm90_knobs() {
   static Sm90Knobs k;
@@ -83,7 +74,7 @@ inline TmaEncode tma_encoder() {
   return fn;
 }
 // Map of x [T][heads][d] bf16 with boxes of 64 columns x 1 head x `rows` rows, 128B swizzle, rows
-// past T read as zero. False if it cannot be made (the caller falls back to the cp.async kernels).
+// past T read as zero. False if it cannot be made (the caller falls back to the sm80 kernels).
 inline bool tma_map(CUtensorMap* m, const void* x, int64_t T, int64_t heads, int64_t d, int rows) {
   const TmaEncode enc = tma_encoder();
   if (enc == nullptr || (reinterpret_cast<uintptr_t>(x) & 15) != 0 || T <= 0) return false;
@@ -109,21 +100,10 @@ cudaError_t forward_d(const FlashAttnProblem& p, bf16* out, float* lse, Arch arc
   FlashArgs a = base_args(p);
   a.out = out;
   a.lse_out = lse;
-  if (arch == Arch::kSm90) {
-    CUtensorMap mq, mk, mv;
-    if (sm90_knobs().fwd_ws && tma_map(&mq, p.q, p.T, p.nh, kD, kWgBM) && tma_map(&mk, p.k, p.T, p.nkv, kD, kWsKeys) &&
-        tma_map(&mv, p.v, p.T, p.nkv, kD, kWsKeys))
-      return sm90_knobs().fwd_stages == 3 ? forward_ws<kD, 3>(a, mq, mk, mv, s) : forward_ws<kD, 2>(a, mq, mk, mv, s);
-    const dim3 grid(static_cast<unsigned>((p.T + kWgBM - 1) / kWgBM), static_cast<unsigned>(p.nh));
-    if (sm90_knobs().fwd_key_tile == 64) {
-      MT_FLASH_TRY(set_smem(attn_fwd_wgmma_kernel<kD, 64>, fwd_wgmma_smem<kD, 64>()));
-      attn_fwd_wgmma_kernel<kD, 64><<<grid, kWgThreads, fwd_wgmma_smem<kD, 64>(), s>>>(a);
-    } else {
-      MT_FLASH_TRY(set_smem(attn_fwd_wgmma_kernel<kD, 128>, fwd_wgmma_smem<kD, 128>()));
-      attn_fwd_wgmma_kernel<kD, 128><<<grid, kWgThreads, fwd_wgmma_smem<kD, 128>(), s>>>(a);
-    }
-    return cudaGetLastError();
-  }
+  CUtensorMap mq, mk, mv;
+  if (arch == Arch::kSm90 && tma_map(&mq, p.q, p.T, p.nh, kD, kWgBM) && tma_map(&mk, p.k, p.T, p.nkv, kD, kWsKeys) &&
+      tma_map(&mv, p.v, p.T, p.nkv, kD, kWsKeys))
+    return sm90_knobs().fwd_stages == 3 ? forward_ws<kD, 3>(a, mq, mk, mv, s) : forward_ws<kD, 2>(a, mq, mk, mv, s);
   const size_t smem = (kFwdBM + 4 * kBN) * kD * 2;
   MT_FLASH_TRY(set_smem(attn_fwd_mma_kernel<kD>, smem));
   const dim3 grid(static_cast<unsigned>((p.T + kFwdBM - 1) / kFwdBM), static_cast<unsigned>(p.nh));
@@ -135,13 +115,15 @@ inline cudaError_t forward(const FlashAttnProblem& p, bf16* out, float* lse, Arc
   return p.d == 128 ? forward_d<128>(p, out, lse, arch, s) : forward_d<64>(p, out, lse, arch, s);
 }
 
-inline bool fused_backward(Arch arch) { return arch == Arch::kSm90 && sm90_knobs().bwd_fused != 0; }
+// The fused sm90 backward runs where the TMA encoder exists; a pointer it cannot map still falls back
+// to the sm80 kernels, in the same workspace.
+inline bool fused_backward(Arch arch) { return arch == Arch::kSm90 && tma_encoder() != nullptr; }
 // Number of head splits of the dK/dV grid: the group's heads are divided over CTAs until the grid
 // has about 4 CTAs per SM (sm80, 64 keys per CTA) or the sm90 knob's count (128 keys per CTA).
 inline int64_t backward_splits(const FlashAttnProblem& p, Arch arch, int sm_count) {
-  const int64_t keys = arch == Arch::kSm90 ? kWgBM : kKvBN;
+  const int64_t keys = fused_backward(arch) ? kWgBM : kKvBN;
   const int64_t kv_tiles = (p.T + keys - 1) / keys, group = p.nh / p.nkv;
-  const int per_sm = arch == Arch::kSm80 ? 4 : fused_backward(arch) ? sm90_knobs().fused_ctas_per_sm : sm90_knobs().kv_ctas_per_sm;
+  const int per_sm = fused_backward(arch) ? sm90_knobs().bwd_ctas_per_sm : 4;
   const int64_t want = per_sm * std::max(1, sm_count > 0 ? sm_count : 132);
   int64_t splits = 1;
   while (splits < group && kv_tiles * p.nkv * splits < want) {
@@ -174,6 +156,7 @@ inline BwdWorkspace backward_workspace(const FlashAttnProblem& p, Arch arch, int
   }
   const int64_t nqt = fused_backward(arch) ? (p.T + kDqRows - 1) / kDqRows : 0;
   w.bytes = w.sems + align256(static_cast<size_t>(w.ncounters + nqt) * 4);
+  if (fused_backward(arch)) w.bytes = std::max(w.bytes, backward_workspace(p, Arch::kSm80, sm_count).bytes);
   return w;
 }
 inline size_t backward_workspace_bytes(const FlashAttnProblem& p, Arch arch, int sm_count) {
@@ -181,9 +164,10 @@ inline size_t backward_workspace_bytes(const FlashAttnProblem& p, Arch arch, int
 }
 
 // Fused sm90 backward: prep (D, counters), the 5-GEMM kernel over a 1-D grid of tickets, finish.
+// Maps: q, dO with 64-row boxes, k, v with 128-row boxes.
 template <int kD>
-cudaError_t backward_fused_d(FlashArgs a, float* dsum, const BwdWorkspace& w, bf16* dk, bf16* dv, bool deterministic,
-                             int sm_count, cudaStream_t s) {
+cudaError_t backward_fused_d(FlashArgs a, float* dsum, const BwdWorkspace& w, const CUtensorMap (&m)[4], bf16* dk,
+                             bf16* dv, bool deterministic, int sm_count, cudaStream_t s) {
   a.deterministic = deterministic ? 1 : 0;
   const int64_t rows = a.T * a.nh;
   const unsigned prep_blocks = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((rows + 7) / 8, 16 * std::max(sm_count, 1))));
@@ -192,15 +176,9 @@ cudaError_t backward_fused_d(FlashArgs a, float* dsum, const BwdWorkspace& w, bf
   attn_bwd_prep_kernel<kD><<<prep_blocks, 256, 0, s>>>(a, dsum, jb_lo, w.ncounters, deterministic ? 0 : 1);
   MT_FLASH_TRY(cudaGetLastError());
   const int64_t ctas = (a.T + kWgBM - 1) / kWgBM * a.nkv * w.splits;
-  CUtensorMap mq, mk, mv, mg;
-  if (sm90_knobs().bwd_ws && tma_map(&mq, a.q, a.T, a.nh, kD, kWgBN) && tma_map(&mg, a.dout, a.T, a.nh, kD, kWgBN) &&
-      tma_map(&mk, a.k, a.T, a.nkv, kD, kWgBM) && tma_map(&mv, a.v, a.T, a.nkv, kD, kWgBM)) {
-    MT_FLASH_TRY(set_smem(attn_bwd_ws_kernel<kD>, bwd_ws_smem<kD>()));
-    attn_bwd_ws_kernel<kD><<<static_cast<unsigned>(ctas), kWsThreads, bwd_ws_smem<kD>(), s>>>(mq, mk, mv, mg, a, sm90_knobs().bwd_det_desc);
-  } else {
-    MT_FLASH_TRY(set_smem(attn_bwd_fused_wgmma_kernel<kD>, bwd_fused_smem<kD>()));
-    attn_bwd_fused_wgmma_kernel<kD><<<static_cast<unsigned>(ctas), kWgThreads, bwd_fused_smem<kD>(), s>>>(a);
-  }
+  MT_FLASH_TRY(set_smem(attn_bwd_ws_kernel<kD>, bwd_ws_smem<kD>()));
+  attn_bwd_ws_kernel<kD><<<static_cast<unsigned>(ctas), kWsThreads, bwd_ws_smem<kD>(), s>>>(
+      m[0], m[1], m[2], m[3], a, sm90_knobs().bwd_det_desc);
   MT_FLASH_TRY(cudaGetLastError());
   const int64_t n4 = a.T * (a.nkv + a.nh) * kD / 4;
   const unsigned blocks = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((n4 + 255) / 256, 32 * std::max(sm_count, 1))));
@@ -217,7 +195,11 @@ cudaError_t backward_d(const FlashAttnProblem& p, const bf16* o, const float* ls
   a.lse = lse;
   a.dout = dout;
   a.dq = dq;
-  const BwdWorkspace w = backward_workspace(p, arch, sm_count);
+  CUtensorMap m[4];  // q, k, v, dO
+  const bool fused = fused_backward(arch) && tma_map(&m[0], p.q, p.T, p.nh, kD, kWgBN) &&
+                     tma_map(&m[1], p.k, p.T, p.nkv, kD, kWgBM) && tma_map(&m[2], p.v, p.T, p.nkv, kD, kWgBM) &&
+                     tma_map(&m[3], dout, p.T, p.nh, kD, kWgBN);
+  const BwdWorkspace w = backward_workspace(p, fused ? Arch::kSm90 : Arch::kSm80, sm_count);
   const int64_t splits = w.splits;
   a.heads_per_cta = static_cast<int>(a.group / splits);
   const int64_t n_kv = p.T * p.nkv * kD;
@@ -226,48 +208,31 @@ cudaError_t backward_d(const FlashAttnProblem& p, const bf16* o, const float* ls
   a.dsum = dsum;
   a.part_k = reinterpret_cast<float*>(ws + w.part_k);
   a.part_v = reinterpret_cast<float*>(ws + w.part_v);
-  if (fused_backward(arch)) {
+  if (fused) {
     a.dq_acc = reinterpret_cast<float*>(ws + w.dq_acc);
     a.sems = reinterpret_cast<int*>(ws + w.sems);
     a.ticket = a.sems + (w.ncounters - 1);
-    return backward_fused_d<kD>(a, dsum, w, dk, dv, deterministic, sm_count, s);
+    return backward_fused_d<kD>(a, dsum, w, m, dk, dv, deterministic, sm_count, s);
   }
   attn_dot_kernel<kD><<<static_cast<unsigned>((p.T * p.nh + 7) / 8), 256, 0, s>>>(a, dsum);
   MT_FLASH_TRY(cudaGetLastError());
-  if (arch == Arch::kSm90) {
-    const dim3 grid_q(static_cast<unsigned>((p.T + kWgBM - 1) / kWgBM), static_cast<unsigned>(p.nh));
-    if (sm90_knobs().dq_key_tile == 128) {
-      MT_FLASH_TRY(set_smem(attn_dq_wgmma_kernel<kD, 128>, dq_wgmma_smem<kD, 128>()));
-      attn_dq_wgmma_kernel<kD, 128><<<grid_q, kWgThreads, dq_wgmma_smem<kD, 128>(), s>>>(a);
-    } else {
-      MT_FLASH_TRY(set_smem(attn_dq_wgmma_kernel<kD, 64>, dq_wgmma_smem<kD, 64>()));
-      attn_dq_wgmma_kernel<kD, 64><<<grid_q, kWgThreads, dq_wgmma_smem<kD, 64>(), s>>>(a);
-    }
-    MT_FLASH_TRY(cudaGetLastError());
-    MT_FLASH_TRY(set_smem(attn_dkdv_wgmma_kernel<kD>, dkdv_wgmma_smem<kD>()));
-    const dim3 grid_kv(static_cast<unsigned>((p.T + kWgBM - 1) / kWgBM), static_cast<unsigned>(p.nkv),
-                       static_cast<unsigned>(splits));
-    attn_dkdv_wgmma_kernel<kD><<<grid_kv, kWgThreads, dkdv_wgmma_smem<kD>(), s>>>(a);
-    MT_FLASH_TRY(cudaGetLastError());
-  } else {
-    const size_t smem_dq = (2 * kFwdBM + 4 * kBN) * kD * 2;
-    MT_FLASH_TRY(set_smem(attn_dq_mma_kernel<kD>, smem_dq));
-    const dim3 grid_q(static_cast<unsigned>((p.T + kFwdBM - 1) / kFwdBM), static_cast<unsigned>(p.nh));
-    attn_dq_mma_kernel<kD><<<grid_q, 32 * kFwdWarps, smem_dq, s>>>(a);
-    MT_FLASH_TRY(cudaGetLastError());
-    const size_t smem_kv = (2 * kKvBN + 4 * kKvBM) * kD * 2 + 4 * kKvBM * 4;
-    MT_FLASH_TRY(set_smem(attn_dkdv_mma_kernel<kD>, smem_kv));
-    const dim3 grid_kv(static_cast<unsigned>((p.T + kKvBN - 1) / kKvBN), static_cast<unsigned>(p.nkv),
-                       static_cast<unsigned>(splits));
-    attn_dkdv_mma_kernel<kD><<<grid_kv, 32 * kKvWarps, smem_kv, s>>>(a);
-    MT_FLASH_TRY(cudaGetLastError());
-  }
+  const size_t smem_dq = (2 * kFwdBM + 4 * kBN) * kD * 2;
+  MT_FLASH_TRY(set_smem(attn_dq_mma_kernel<kD>, smem_dq));
+  const dim3 grid_q(static_cast<unsigned>((p.T + kFwdBM - 1) / kFwdBM), static_cast<unsigned>(p.nh));
+  attn_dq_mma_kernel<kD><<<grid_q, 32 * kFwdWarps, smem_dq, s>>>(a);
+  MT_FLASH_TRY(cudaGetLastError());
+  const size_t smem_kv = (2 * kKvBN + 4 * kKvBM) * kD * 2 + 4 * kKvBM * 4;
+  MT_FLASH_TRY(set_smem(attn_dkdv_mma_kernel<kD>, smem_kv));
+  const dim3 grid_kv(static_cast<unsigned>((p.T + kKvBN - 1) / kKvBN), static_cast<unsigned>(p.nkv),
+                     static_cast<unsigned>(splits));
+  attn_dkdv_mma_kernel<kD><<<grid_kv, 32 * kKvWarps, smem_kv, s>>>(a);
+  MT_FLASH_TRY(cudaGetLastError());
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n_kv + 255) / 256, 65536));
   attn_kv_reduce_kernel<<<blocks, 256, 0, s>>>(a.part_k, a.part_v, static_cast<int>(splits), n_kv, dk, dv);
   return cudaGetLastError();
 }
 
-// deterministic = false lets the fused sm90 path add dQ partials in any order (bitwise results
+// deterministic = false lets the sm90 path add dQ partials in any order (bitwise results
 // may then vary between runs); the other paths are always deterministic.
 inline cudaError_t backward(const FlashAttnProblem& p, const bf16* o, const float* lse, const bf16* dout, bf16* dq,
                             bf16* dk, bf16* dv, void* workspace, Arch arch, int sm_count, bool deterministic,

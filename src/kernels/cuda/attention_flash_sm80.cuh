@@ -101,14 +101,23 @@ __device__ __forceinline__ void gemm_abt(float (&acc)[8][4], uint32_t sa, int ro
   }
 }
 
+// A fragment (16 x 16, mma.sync layout; also wgmma's register A) from columns 16kk.. of an
+// accumulator tile: P or dS packed to bf16 without leaving registers.
+template <int N>
+__device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&p)[N][4], int kk) {
+  a[0] = pack_bf16(p[2 * kk][0], p[2 * kk][1]);
+  a[1] = pack_bf16(p[2 * kk][2], p[2 * kk][3]);
+  a[2] = pack_bf16(p[2 * kk + 1][0], p[2 * kk + 1][1]);
+  a[3] = pack_bf16(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+}
+
 // out[16 x kD] += P (16 x 64, from accumulator fragments) * tile sb [64][kD].
 template <int kD>
 __device__ __forceinline__ void gemm_pv(float (&out)[kD / 8][4], const float (&p)[8][4], uint32_t sb) {
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
-    const uint32_t a[4] = {pack_bf16(p[2 * kk][0], p[2 * kk][1]), pack_bf16(p[2 * kk][2], p[2 * kk][3]),
-                           pack_bf16(p[2 * kk + 1][0], p[2 * kk + 1][1]),
-                           pack_bf16(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+    uint32_t a[4];
+    acc_to_a(a, p, kk);
 #pragma unroll
     for (int dp = 0; dp < kD / 16; ++dp) {
       uint32_t b[4];
@@ -140,11 +149,16 @@ __device__ __forceinline__ QRows q_rows(const FlashArgs& a, int64_t t0, int warp
   return q;
 }
 
-// Sets masked scores (key outside [beg, row]) to -inf. Keys of the tile start at kt.
-__device__ __forceinline__ void mask_scores(float (&s)[8][4], const QRows& q, int64_t kt) {
+// ---- pieces shared with the sm90 kernels (attention_flash_sm90_ws.cuh) ------------------------
+// A thread's fragment of a 16-row (mma.sync) or 64-row (wgmma) block: s[n][e] is row g + 8 (e >> 1)
+// of the warp's 16 (g = lane / 4), column 8n + 2 (lane & 3) + (e & 1).
+
+// Sets masked scores (key outside [beg, row]) of an N x 8-column score block to -inf; keys start at kt.
+template <int N>
+__device__ __forceinline__ void mask_scores(float (&s)[N][4], const QRows& q, int64_t kt) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
-  for (int n = 0; n < 8; ++n)
+  for (int n = 0; n < N; ++n)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int64_t key = kt + n * 8 + 2 * (lane & 3) + (e & 1);
@@ -153,6 +167,132 @@ __device__ __forceinline__ void mask_scores(float (&s)[8][4], const QRows& q, in
     }
 }
 
+// Online softmax step over an N x 8-column score block in the scaled exp2 domain: p replaces s, the
+// running max m and sum l are updated, corr[hh] is the factor by which the output rows of half hh
+// (row g + 8 hh) still have to be scaled; after_half(hh, corr[hh]) runs last (sm80 scales there).
+template <int N, typename AfterHalf>
+__device__ __forceinline__ void softmax_step(float (&s)[N][4], float (&m)[2], float (&l)[2], float (&corr)[2],
+                                             float sl2, AfterHalf&& after_half) {
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < N; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * hh], s[n][2 * hh + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float mn = fmaxf(m[hh], mx * sl2);
+    const float base = mn == -INFINITY ? 0.0f : mn;  // a row that saw no key yet: p = 0
+    const float c = exp2f(m[hh] - base);
+    corr[hh] = c;
+    m[hh] = mn;
+    float rs = 0.0f;
+#pragma unroll
+    for (int n = 0; n < N; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float p = exp2f(fmaf(s[n][2 * hh + e], sl2, -base));
+        s[n][2 * hh + e] = p;
+        rs += p;
+      }
+    l[hh] = l[hh] * c + rs;
+    after_half(hh, c);
+  }
+}
+// Scales the output rows of an accumulator tile: half hh by corr, or both halves by corr[0], corr[1].
+template <int N>
+__device__ __forceinline__ void scale_rows(float (&o)[N][4], int hh, float corr) {
+#pragma unroll
+  for (int dt = 0; dt < N; ++dt) {
+    o[dt][2 * hh] *= corr;
+    o[dt][2 * hh + 1] *= corr;
+  }
+}
+template <int N>
+__device__ __forceinline__ void scale_rows(float (&o)[N][4], const float (&corr)[2]) {
+#pragma unroll
+  for (int dt = 0; dt < N; ++dt) {
+    o[dt][0] *= corr[0];
+    o[dt][1] *= corr[0];
+    o[dt][2] *= corr[1];
+    o[dt][3] *= corr[1];
+  }
+}
+
+// Forward epilogue: out rows r (bf16, normalized by the quad's summed l) and lse = ln(sum exp).
+template <int kD>
+__device__ __forceinline__ void store_out_lse(const FlashArgs& a, const float (&o)[kD / 8][4], const float (&m)[2],
+                                              const float (&l)[2], const int64_t (&r)[2], int64_t h) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    float lt = l[hh];
+    lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+    lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+    if (r[hh] >= a.T) continue;
+    const float inv = 1.0f / lt;
+    bf16* orow = a.out + (r[hh] * a.nh + h) * kD + 2 * (lane & 3);
+#pragma unroll
+    for (int dt = 0; dt < kD / 8; ++dt)
+      *reinterpret_cast<uint32_t*>(orow + dt * 8) = pack_bf16(o[dt][2 * hh] * inv, o[dt][2 * hh + 1] * inv);
+    if ((lane & 3) == 0) a.lse_out[h * a.T + r[hh]] = (m[hh] + log2f(lt)) * kLn2;
+  }
+}
+
+// dK/dV epilogue: this thread's key rows (I: int or int64_t) as f32 partials [split][T][nkv][kD],
+// dK times scale.
+template <int kD, typename I>
+__device__ __forceinline__ void store_kv_partials(const FlashArgs& a, const float (&dk)[kD / 8][4],
+                                                  const float (&dv)[kD / 8][4], const I (&key)[2], int64_t g,
+                                                  int64_t split) {
+  const int lane = threadIdx.x & 31;
+  float* pk = a.part_k + split * a.T * a.nkv * kD;
+  float* pv = a.part_v + split * a.T * a.nkv * kD;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    if (key[hh] >= a.T) continue;
+    const int64_t base = (static_cast<int64_t>(key[hh]) * a.nkv + g) * kD + 2 * (lane & 3);
+#pragma unroll
+    for (int dt = 0; dt < kD / 8; ++dt) {
+      *reinterpret_cast<float2*>(pk + base + dt * 8) =
+          make_float2(dk[dt][2 * hh] * a.scale, dk[dt][2 * hh + 1] * a.scale);
+      *reinterpret_cast<float2*>(pv + base + dt * 8) = make_float2(dv[dt][2 * hh], dv[dt][2 * hh + 1]);
+    }
+  }
+}
+
+// D = dO . O of row w = t * nh + h ([T, nh, kD] bf16), by one warp (lane) with 16-byte loads.
+template <int kD>
+__device__ __forceinline__ float row_dot(const FlashArgs& a, int64_t w, int lane) {
+  float s = 0.0f;
+  for (int c = lane * 8; c < kD; c += 256) {
+    const uint4 ov = *reinterpret_cast<const uint4*>(a.o + w * kD + c);
+    const uint4 gv = *reinterpret_cast<const uint4*>(a.dout + w * kD + c);
+    const bf16* op = reinterpret_cast<const bf16*>(&ov);
+    const bf16* gp = reinterpret_cast<const bf16*>(&gv);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s += __bfloat162float(op[i]) * __bfloat162float(gp[i]);
+  }
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  return s;
+}
+// ---- sm80 kernels ------------------------------------------------------------------------------
+// Forward / dQ key loop: waits for key tile jt (at kt) in buffer jt & 1, then starts the cp.async
+// loads of tile jt + 1 into the other buffer.
+template <int kD>
+__device__ __forceinline__ void next_kv_tiles(uint32_t sK, uint32_t sV, const bf16* k, const bf16* v, int64_t ks,
+                                              int64_t kt, int64_t kend, int jt, int ntiles) {
+  constexpr int kTile = kBN * kD * 2;
+  mma::cp_async_wait<0>();
+  __syncthreads();
+  if (jt + 1 < ntiles) {
+    const int nb = (jt + 1) & 1;
+    load_rows<kD, kBN, 32 * kFwdWarps>(sK + nb * kTile, k, ks, kt + kBN, kend);
+    load_rows<kD, kBN, 32 * kFwdWarps>(sV + nb * kTile, v, ks, kt + kBN, kend);
+  }
+  mma::cp_async_commit();
+}
+
+
 template <int kD>
 __global__ void __launch_bounds__(32 * kFwdWarps, 1) attn_fwd_mma_kernel(FlashArgs a) {
   extern __shared__ __align__(128) unsigned char smem[];
@@ -160,7 +300,7 @@ __global__ void __launch_bounds__(32 * kFwdWarps, 1) attn_fwd_mma_kernel(FlashAr
   const uint32_t sQ = mma::smem_addr(smem), sK = sQ + kFwdBM * kD * 2, sV = sK + 2 * kTile;
   const int64_t h = blockIdx.y, g = h / a.group;
   const int64_t t0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kFwdBM;  // long causal rows first
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int warp = threadIdx.x >> 5;
   const bf16* q = a.q + h * kD;
   const bf16* k = a.k + g * kD;
   const bf16* v = a.v + g * kD;
@@ -177,63 +317,18 @@ __global__ void __launch_bounds__(32 * kFwdWarps, 1) attn_fwd_mma_kernel(FlashAr
   float o[kD / 8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   for (int jt = 0; jt < ntiles; ++jt) {
     const int64_t kt = kmin + static_cast<int64_t>(jt) * kBN;
-    mma::cp_async_wait<0>();
-    __syncthreads();
-    if (jt + 1 < ntiles) {
-      const int nb = (jt + 1) & 1;
-      load_rows<kD, kBN, 32 * kFwdWarps>(sK + nb * kTile, k, ks, kt + kBN, kend);
-      load_rows<kD, kBN, 32 * kFwdWarps>(sV + nb * kTile, v, ks, kt + kBN, kend);
-    }
-    mma::cp_async_commit();
+    next_kv_tiles<kD>(sK, sV, k, v, ks, kt, kend, jt, ntiles);
     // Warp-uniform skip: every key of the tile is after every row, or before every row's document.
     if (qr.hi < qr.lo || kt > qr.hi || kt + kBN <= qr.beg_lo) continue;
     const uint32_t bK = sK + (jt & 1) * kTile, bV = sV + (jt & 1) * kTile;
     float s[8][4];
     gemm_abt<kD>(s, sQ, warp * 16, bK);
     if (!(kt + kBN - 1 <= qr.lo && kt >= qr.beg_hi)) mask_scores(s, qr, kt);
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int n = 0; n < 8; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * hh], s[n][2 * hh + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float mn = fmaxf(m[hh], mx * sl2);  // running max in the scaled log2 domain
-      const float base = mn == -INFINITY ? 0.0f : mn;
-      const float corr = exp2f(m[hh] - base);
-      m[hh] = mn;
-      float rs = 0.0f;
-#pragma unroll
-      for (int n = 0; n < 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float p = exp2f(s[n][2 * hh + e] * sl2 - base);
-          s[n][2 * hh + e] = p;
-          rs += p;
-        }
-      l[hh] = l[hh] * corr + rs;
-#pragma unroll
-      for (int dt = 0; dt < kD / 8; ++dt) {
-        o[dt][2 * hh] *= corr;
-        o[dt][2 * hh + 1] *= corr;
-      }
-    }
+    float corr[2];
+    softmax_step(s, m, l, corr, sl2, [&](int hh, float c) { scale_rows(o, hh, c); });
     gemm_pv<kD>(o, s, bV);
   }
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    float lt = l[hh];
-    lt += __shfl_xor_sync(0xffffffffu, lt, 1);
-    lt += __shfl_xor_sync(0xffffffffu, lt, 2);
-    const int64_t r = qr.r[hh];
-    if (r >= a.T) continue;
-    const float inv = 1.0f / lt;
-    bf16* orow = a.out + (r * a.nh + h) * kD + 2 * (lane & 3);
-#pragma unroll
-    for (int dt = 0; dt < kD / 8; ++dt)
-      *reinterpret_cast<uint32_t*>(orow + dt * 8) = pack_bf16(o[dt][2 * hh] * inv, o[dt][2 * hh + 1] * inv);
-    if ((lane & 3) == 0) a.lse_out[h * a.T + r] = (m[hh] + log2f(lt)) * kLn2;
-  }
+  store_out_lse<kD>(a, o, m, l, qr.r, h);
 }
 
 // D[h, t] = dO[t, h] . O[t, h]; one warp per (t, h), 16-byte loads.
@@ -243,16 +338,7 @@ __global__ void attn_dot_kernel(FlashArgs a, float* __restrict__ dsum) {
   const int lane = threadIdx.x & 31;
   if (w >= a.T * a.nh) return;
   const int64_t t = w / a.nh, h = w - t * a.nh;
-  float s = 0.0f;
-  for (int c = lane * 8; c < kD; c += 256) {
-    const uint4 ov = *reinterpret_cast<const uint4*>(a.o + w * kD + c);
-    const uint4 gv = *reinterpret_cast<const uint4*>(a.dout + w * kD + c);
-    const bf16* op = reinterpret_cast<const bf16*>(&ov);
-    const bf16* gp = reinterpret_cast<const bf16*>(&gv);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) s += __bfloat162float(op[i]) * __bfloat162float(gp[i]);
-  }
-  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  const float s = row_dot<kD>(a, w, lane);
   if (lane == 0) dsum[h * a.T + t] = s;
 }
 
@@ -287,14 +373,7 @@ __global__ void __launch_bounds__(32 * kFwdWarps, 1) attn_dq_mma_kernel(FlashArg
   float dq[kD / 8][4] = {};
   for (int jt = 0; jt < ntiles; ++jt) {
     const int64_t kt = kmin + static_cast<int64_t>(jt) * kBN;
-    mma::cp_async_wait<0>();
-    __syncthreads();
-    if (jt + 1 < ntiles) {
-      const int nb = (jt + 1) & 1;
-      load_rows<kD, kBN, 32 * kFwdWarps>(sK + nb * kTile, k, ks, kt + kBN, kend);
-      load_rows<kD, kBN, 32 * kFwdWarps>(sV + nb * kTile, v, ks, kt + kBN, kend);
-    }
-    mma::cp_async_commit();
+    next_kv_tiles<kD>(sK, sV, k, v, ks, kt, kend, jt, ntiles);
     if (qr.hi < qr.lo || kt > qr.hi || kt + kBN <= qr.beg_lo) continue;
     const uint32_t bK = sK + (jt & 1) * kTile, bV = sV + (jt & 1) * kTile;
     float s[8][4], dp[8][4];
@@ -395,18 +474,7 @@ __global__ void __launch_bounds__(32 * kKvWarps, 2) attn_dkdv_mma_kernel(FlashAr
     gemm_pv<kD>(dv, s, bG);
     gemm_pv<kD>(dk, dp, bQ);
   }
-  float* pk = a.part_k + split * a.T * a.nkv * kD;
-  float* pv = a.part_v + split * a.T * a.nkv * kD;
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    if (key[hh] >= a.T) continue;
-    const int64_t base = (key[hh] * a.nkv + g) * kD + 2 * (lane & 3);
-#pragma unroll
-    for (int dt = 0; dt < kD / 8; ++dt) {
-      *reinterpret_cast<float2*>(pk + base + dt * 8) = make_float2(dk[dt][2 * hh] * a.scale, dk[dt][2 * hh + 1] * a.scale);
-      *reinterpret_cast<float2*>(pv + base + dt * 8) = make_float2(dv[dt][2 * hh], dv[dt][2 * hh + 1]);
-    }
-  }
+  store_kv_partials<kD>(a, dk, dv, key, g, split);
 }
 
 // dk/dv (bf16) = sum over splits, in order, of the f32 partials.

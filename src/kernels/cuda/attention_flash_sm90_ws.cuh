@@ -1,14 +1,13 @@
 // Hopper (sm_90a) warp-specialized attention kernels: a producer warp loads tiles with TMA tensor
 // copies (128B swizzle, the layout of attention_flash_sm90.cuh) into mbarrier-guarded rings; two
 // consumer warpgroups (setmaxnreg 240) run the wgmma. Forward: the softmax of key tile j overlaps the
-// P V GEMM of tile j-1. Fused 5-GEMM backward: producer warps write dQ from shared memory
-// with bulk reduce-adds (ordered by the key-block counters in deterministic mode), off the MMA path;
-// two such writer warps take alternate steps.
+// P V GEMM of tile j-1. Fused 5-GEMM backward (FlashAttention-2/3): producer warps write dQ from shared
+// memory with bulk reduce-adds (ordered by the key-block counters in deterministic mode), off the MMA
+// path; prep (D = rowsum(dO*O), zeroing) and finish (ordered dK/dV partial sum, dQ to bf16) kernels.
 #pragma once
 #include <cuda.h>  // CUtensorMap only (the host encodes it in attention_flash_launch.cuh)
 
-#include "kernels/cuda/attention_flash_sm90_bwd.cuh"
-#include "kernels/cuda/wgmma_sm90.cuh"
+#include "kernels/cuda/attention_flash_sm90.cuh"
 
 namespace moetrain::cuda::flash {
 
@@ -17,7 +16,7 @@ constexpr int kWsKeys = 128;     // forward key tile
 
 // ---- PTX helpers ---------------------------------------------------------------------------------
 __device__ __forceinline__ void ws_tma_3d(uint32_t dst, const CUtensorMap* m, int c0, int c1, int c2, uint32_t bar) {
-#if MT_ATTN_SM90A
+#if MT_WGMMA_ENABLED
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
       "[%5];\n" ::"r"(dst),
@@ -26,13 +25,13 @@ __device__ __forceinline__ void ws_tma_3d(uint32_t dst, const CUtensorMap* m, in
 #endif
 }
 __device__ __forceinline__ void ws_prefetch_map(const CUtensorMap* m) {
-#if MT_ATTN_SM90A
+#if MT_WGMMA_ENABLED
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(m)) : "memory");
 #endif
 }
 // Lane 0 of the warp arrives; predicated in the asm so that no branch splits a warpgroup (C7518).
 __device__ __forceinline__ void ws_arrive_lane0(uint32_t bar, int lane) {
-#if MT_ATTN_SM90A
+#if MT_WGMMA_ENABLED
   asm volatile(
       "{\n.reg .pred p;\nsetp.eq.u32 p, %1, 0;\n"
       "@p mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n" ::"r"(bar),
@@ -42,13 +41,13 @@ __device__ __forceinline__ void ws_arrive_lane0(uint32_t bar, int lane) {
 }
 template <int N>
 __device__ __forceinline__ void ws_regs_dec() {
-#if MT_ATTN_SM90A
+#if MT_WGMMA_ENABLED
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 #endif
 }
 template <int N>
 __device__ __forceinline__ void ws_regs_inc() {
-#if MT_ATTN_SM90A
+#if MT_WGMMA_ENABLED
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 #endif
 }
@@ -56,14 +55,14 @@ __device__ __forceinline__ void ws_regs_inc() {
 __device__ __forceinline__ void ws_consumer_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
 // f32 add of `bytes` from shared memory into global memory, in the thread's bulk group.
 __device__ __forceinline__ void ws_bulk_reduce_add(float* dst, uint32_t src, uint32_t bytes) {
-#if MT_ATTN_SM90A
+#if MT_WGMMA_ENABLED
   asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
                "r"(bytes)
                : "memory");
 #endif
 }
 __device__ __forceinline__ void ws_fence_proxy_global() {
-#if MT_ATTN_SM90A
+#if MT_WGMMA_ENABLED
   asm volatile("fence.proxy.async.global;\n" ::: "memory");
 #endif
 }
@@ -79,36 +78,7 @@ constexpr size_t fwd_ws_smem() {
   return 1024 + (kWgBM + 2 * kStages * kWsKeys) * kD * 2 + (1 + 4 * kStages) * 8;
 }
 
-// Online softmax of one 64 x kN score block (exp2 domain), as attn_fwd_wgmma_kernel: p replaces s,
-// m and l are updated, corr is the factor the output rows still have to be scaled by.
-template <int kN>
-__device__ __forceinline__ void ws_softmax(float (&s)[kN / 8][4], float (&m)[2], float (&l)[2], float (&corr)[2],
-                                           float sl2) {
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    float mx = -INFINITY;
-#pragma unroll
-    for (int n = 0; n < kN / 8; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * hh], s[n][2 * hh + 1]));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float mn = fmaxf(m[hh], mx * sl2);
-    const float base = mn == -INFINITY ? 0.0f : mn;
-    corr[hh] = exp2f(m[hh] - base);
-    m[hh] = mn;
-    float rs = 0.0f;
-#pragma unroll
-    for (int n = 0; n < kN / 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float p = exp2f(fmaf(s[n][2 * hh + e], sl2, -base));
-        s[n][2 * hh + e] = p;
-        rs += p;
-      }
-    l[hh] = l[hh] * corr[hh] + rs;
-  }
-}
-
-// Forward, 128 queries x 1 head per CTA (grid as attn_fwd_wgmma_kernel). Maps: q / k / v as
+// Forward, 128 queries x 1 head per CTA (grid [ceil(T / 128), nh], last query block first). Maps: q / k / v as
 // [T][heads][kD] with boxes of 64 columns x 1 head x 128 rows (rows past T read as zero).
 // Each consumer warpgroup runs over its own contiguous range of key tiles [ja, jb] (tiles outside it
 // are masked for all its rows and only passed on): iteration j issues S_j = Q K_j^T and O += P_{j-1}
@@ -117,7 +87,7 @@ template <int kD, int kStages>
 __global__ void __launch_bounds__(kWsThreads, 1)
     attn_fwd_ws_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant__ CUtensorMap mk,
                        const __grid_constant__ CUtensorMap mv, FlashArgs a) {
-#if MT_ATTN_SM90A
+#if MT_WGMMA_ENABLED
   constexpr int kN = kWsKeys, kTile = kN * kD * 2, kS = kStages;
   extern __shared__ __align__(1024) unsigned char smem_wg[];
   const uint32_t sQ = smem_base1024(smem_wg), sK = sQ + kWgBM * kD * 2, sV = sK + kS * kTile;
@@ -186,7 +156,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     };
     for (int jt = 0; jt < min(ja, ntiles); ++jt) pass(jt);
     const float sl2 = a.scale * kLog2e;
-    float o[kD / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, corr[2];
+    float o[kD / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, corr[2];  // corr: O's pending rescale
 #pragma unroll
     for (int i = 0; i < kD / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
     auto need_mask = [&](int jt) {
@@ -199,79 +169,50 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       float s[kN / 8][4];
       {  // first tile: no P V GEMM in flight
         wg::mbar_wait(k_full + 8 * stage(ja), parity(ja));
-        const uint32_t bK = sK + stage(ja) * kTile;
-        wg_fence();
-#pragma unroll
-        for (int kq = 0; kq < kD / 16; ++kq)
-          wgmma_ss(s, desc_kmaj<kWgBM>(sQ, 64 * cw, kq), desc_kmaj<kN>(bK, 0, kq), kq);
-        wg_commit();
-        wg_wait0();
+        wg::wgmma_fence();
+        gemm_kmaj<kD, kWgBM, kN>(s, sQ, 64 * cw, sK + stage(ja) * kTile);
+        wg::wgmma_commit();
+        wg::wgmma_wait<0>();
         fence_acc(s);
         ws_arrive_lane0(k_empty + 8 * stage(ja), lane);
-        if (need_mask(ja)) mask_scores_n(s, qr, kmin + static_cast<int64_t>(ja) * kN);
-        ws_softmax<kN>(s, m, l, corr, sl2);
-#pragma unroll
-        for (int kk = 0; kk < kN / 16; ++kk) acc_to_a(pa[kk], s, kk);
+        if (need_mask(ja)) mask_scores(s, qr, kmin + static_cast<int64_t>(ja) * kN);
+        softmax_step(s, m, l, corr, sl2, [](int, float) {});
+        pack_a(pa, s);
       }
       for (int jt = ja + 1; jt <= jb; ++jt) {
         const int sk = stage(jt), sv = stage(jt - 1);
         wg::mbar_wait(k_full + 8 * sk, parity(jt));
         wg::mbar_wait(v_full + 8 * sv, parity(jt - 1));
         const bool masked = need_mask(jt);
-        const uint32_t bK = sK + sk * kTile, bV = sV + sv * kTile;
-        wg_fence();
-#pragma unroll
-        for (int kq = 0; kq < kD / 16; ++kq)
-          wgmma_ss(s, desc_kmaj<kWgBM>(sQ, 64 * cw, kq), desc_kmaj<kN>(bK, 0, kq), kq);
-        wg_commit();
-#pragma unroll
-        for (int kk = 0; kk < kN / 16; ++kk) wgmma_rs(o, pa[kk], desc_mn<kN>(bV, 16 * kk));
-        wg_commit();
-        wg_wait<1>();  // S_j is ready; O += P_{j-1} V_{j-1} still runs
+        wg::wgmma_fence();
+        gemm_kmaj<kD, kWgBM, kN>(s, sQ, 64 * cw, sK + sk * kTile);
+        wg::wgmma_commit();
+        gemm_regs_mn<kN>(o, pa, sV + sv * kTile);
+        wg::wgmma_commit();
+        wg::wgmma_wait<1>();  // S_j is ready; O += P_{j-1} V_{j-1} still runs
         fence_acc(s);
         ws_arrive_lane0(k_empty + 8 * sk, lane);
-        if (masked) mask_scores_n(s, qr, kmin + static_cast<int64_t>(jt) * kN);
-        ws_softmax<kN>(s, m, l, corr, sl2);
-        wg_wait0();
+        if (masked) mask_scores(s, qr, kmin + static_cast<int64_t>(jt) * kN);
+        softmax_step(s, m, l, corr, sl2, [](int, float) {});
+        wg::wgmma_wait<0>();
         fence_acc(o);
         ws_arrive_lane0(v_empty + 8 * sv, lane);
-#pragma unroll
-        for (int dt = 0; dt < kD / 8; ++dt) {
-          o[dt][0] *= corr[0];
-          o[dt][1] *= corr[0];
-          o[dt][2] *= corr[1];
-          o[dt][3] *= corr[1];
-        }
-#pragma unroll
-        for (int kk = 0; kk < kN / 16; ++kk) acc_to_a(pa[kk], s, kk);
+        scale_rows(o, corr);
+        pack_a(pa, s);
       }
       {  // last P V
         const int sv = stage(jb);
         wg::mbar_wait(v_full + 8 * sv, parity(jb));
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < kN / 16; ++kk) wgmma_rs(o, pa[kk], desc_mn<kN>(sV + sv * kTile, 16 * kk));
-        wg_commit();
-        wg_wait0();
+        wg::wgmma_fence();
+        gemm_regs_mn<kN>(o, pa, sV + sv * kTile);
+        wg::wgmma_commit();
+        wg::wgmma_wait<0>();
         fence_acc(o);
         ws_arrive_lane0(v_empty + 8 * sv, lane);
       }
     }
     for (int jt = max(jb + 1, ja); jt < ntiles; ++jt) pass(jt);
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      float lt = l[hh];
-      lt += __shfl_xor_sync(0xffffffffu, lt, 1);
-      lt += __shfl_xor_sync(0xffffffffu, lt, 2);
-      const int64_t r = qr.r[hh];
-      if (r >= a.T) continue;
-      const float inv = 1.0f / lt;
-      bf16* orow = a.out + (r * a.nh + h) * kD + 2 * (lane & 3);
-#pragma unroll
-      for (int dt = 0; dt < kD / 8; ++dt)
-        *reinterpret_cast<uint32_t*>(orow + dt * 8) = pack_bf16(o[dt][2 * hh] * inv, o[dt][2 * hh + 1] * inv);
-      if ((lane & 3) == 0) a.lse_out[h * a.T + r] = (m[hh] + log2f(lt)) * kLn2;
-    }
+    store_out_lse<kD>(a, o, m, l, qr.r, h);
   }
 #endif
 }
@@ -288,17 +229,19 @@ constexpr size_t bwd_ws_smem() {
          4 * kWgBN * 4 + 10 * 8;
 }
 
-// Same work split, ticket order, masking and dQ ordering as attn_bwd_fused_wgmma_kernel. Warp 0
+// One CTA owns 128 keys (64 per consumer warpgroup) of a kv head and heads_per_cta heads of its GQA
+// group (CTA ticket -> fused_item); steps run query tile (64) outer, head inner. Warp 0
 // loads (K, V once; per step Q and dO by TMA, lse and D by its lanes); warps 1 and 2 (even / odd
 // steps) write each step's dQ tile from shared memory with one bulk copy per row (first key block: store; later: f32 add), in
 // deterministic mode after the counter shows every earlier key block, then advances the counter.
-// Consumer warpgroups: S^T, dP^T, dV, dK as before; dS^T to shared memory; barrier; dQ = dS K.
+// Consumer warpgroups: S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q (f32 partials per head
+// split); dS^T to shared memory; barrier; dQ = dS K. dq_acc is [nh][T][kD] f32 (unscaled).
 template <int kD>
 __global__ void __launch_bounds__(kWsThreads, 1)
     attn_bwd_ws_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant__ CUtensorMap mk,
                        const __grid_constant__ CUtensorMap mv, const __grid_constant__ CUtensorMap mg, FlashArgs a,
                        int desc) {
-#if MT_ATTN_SM90A
+#if MT_WGMMA_ENABLED
   extern __shared__ __align__(1024) unsigned char smem_wg[];
   __shared__ int s_ticket;
   constexpr int kM = kWgBN, kTile = kM * kD * 2, kPitch = ws_dq_pitch<kD>();
@@ -436,16 +379,12 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       const float* L = sL + b * kM;
       const float* Dv = sD + b * kM;
       float s[kM / 8][4], dp[kM / 8][4];
-      wg_fence();
-#pragma unroll
-      for (int kq = 0; kq < kD / 16; ++kq)
-        wgmma_ss(s, desc_kmaj<kWgBM>(sK, 64 * cw, kq), desc_kmaj<kM>(bQ, 0, kq), kq);
-      wg_commit();
-#pragma unroll
-      for (int kq = 0; kq < kD / 16; ++kq)
-        wgmma_ss(dp, desc_kmaj<kWgBM>(sV, 64 * cw, kq), desc_kmaj<kM>(bG, 0, kq), kq);
-      wg_commit();
-      wg_wait<1>();  // S^T is ready: P^T and dV += P^T dO overlap the dP^T GEMM
+      wg::wgmma_fence();
+      gemm_kmaj<kD, kWgBM, kM>(s, sK, 64 * cw, bQ);
+      wg::wgmma_commit();
+      gemm_kmaj<kD, kWgBM, kM>(dp, sV, 64 * cw, bG);
+      wg::wgmma_commit();
+      wg::wgmma_wait<1>();  // S^T is ready: P^T and dV += P^T dO overlap the dP^T GEMM
       fence_acc(s);
       const bool full = q0 >= wr_hi && q0 + kM <= wr_end_lo;
 #pragma unroll
@@ -460,13 +399,11 @@ __global__ void __launch_bounds__(kWsThreads, 1)
           s[n][e] = p;
         }
       uint32_t pa[kM / 16][4];
-#pragma unroll
-      for (int kk = 0; kk < kM / 16; ++kk) acc_to_a(pa[kk], s, kk);
-      wg_fence();
-#pragma unroll
-      for (int kk = 0; kk < kM / 16; ++kk) wgmma_rs(dv, pa[kk], desc_mn<kM>(bG, 16 * kk));
-      wg_commit();
-      wg_wait<1>();  // dP^T is ready (groups retire in order); dV may still run
+      pack_a(pa, s);
+      wg::wgmma_fence();
+      gemm_regs_mn<kM>(dv, pa, bG);
+      wg::wgmma_commit();
+      wg::wgmma_wait<1>();  // dP^T is ready (groups retire in order); dV may still run
       fence_acc(dp);
 #pragma unroll
       for (int n = 0; n < kM / 8; ++n)
@@ -475,27 +412,26 @@ __global__ void __launch_bounds__(kWsThreads, 1)
           const int c = n * 8 + 2 * (lane & 3) + (e & 1);
           dp[n][e] = s[n][e] * (dp[n][e] - Dv[c]);
         }
-#pragma unroll
-      for (int kk = 0; kk < kM / 16; ++kk) acc_to_a(pa[kk], dp, kk);
-      wg_fence();
-#pragma unroll
-      for (int kk = 0; kk < kM / 16; ++kk) wgmma_rs(dk, pa[kk], desc_mn<kM>(bQ, 16 * kk));
-      wg_commit();
+      pack_a(pa, dp);
+      wg::wgmma_fence();
+      gemm_regs_mn<kM>(dk, pa, bQ);
+      wg::wgmma_commit();
+      // dS^T into shared memory for the dQ GEMM: pa[kk][x] holds row srow + 8 (x & 1), query chunk 2 kk + (x >> 1).
 #pragma unroll
       for (int kk = 0; kk < kM / 16; ++kk)
 #pragma unroll
         for (int x = 0; x < 4; ++x)
           st_shared_b32(bS + sw_off<kWgBM>(srow + 8 * (x & 1), 2 * kk + (x >> 1)) + 4 * (lane & 3), pa[kk][x]);
-      fence_async_smem();
+      wg::fence_proxy_async();
       ws_consumer_sync();  // both halves of dS^T are written (and step it-1's dQ GEMMs, on the other tile, done)
       float dq[8][4];
       const uint32_t bK = sK + (kD == 128 ? cw * kWgBM * 128 : 0);
-      wg_fence();
+      wg::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kWgBM / 16; ++kk)
         wgmma_ss_tt(dq, desc_mn<kWgBM>(bS, 16 * kk), desc_mn<kWgBM>(bK, 16 * kk), kk);
-      wg_commit();
-      wg_wait0();
+      wg::wgmma_commit();
+      wg::wgmma_wait<0>();
       fence_acc(dk);
       fence_acc(dv);
       fence_acc(dq);
@@ -510,24 +446,73 @@ __global__ void __launch_bounds__(kWsThreads, 1)
           for (int n = 0; n < 8; ++n) st_shared_v2f(row + n * 32, dq[n][2 * hh], dq[n][2 * hh + 1]);
         }
       }
-      fence_async_smem();  // read next by the bulk copies
+      wg::fence_proxy_async();  // read next by the bulk copies
       __syncwarp();
       ws_arrive_lane0(dq_full + 8 * (it & 1), lane);
     }
-    float* pk = a.part_k + w.split * a.T * a.nkv * kD;
-    float* pv = a.part_v + w.split * a.T * a.nkv * kD;
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      if (key[hh] >= a.T) continue;
-      const int64_t base = (static_cast<int64_t>(key[hh]) * a.nkv + g) * kD + 2 * (lane & 3);
-#pragma unroll
-      for (int dt = 0; dt < kD / 8; ++dt) {
-        *reinterpret_cast<float2*>(pk + base + dt * 8) = make_float2(dk[dt][2 * hh] * a.scale, dk[dt][2 * hh + 1] * a.scale);
-        *reinterpret_cast<float2*>(pv + base + dt * 8) = make_float2(dv[dt][2 * hh], dv[dt][2 * hh + 1]);
-      }
-    }
+    store_kv_partials<kD>(a, dk, dv, key, g, w.split);
   }
 #endif
+}
+
+// D[h, t] = dO[t, h] . O[t, h] (one warp per row, grid-stride), the dQ counters and the CTA ticket
+// set to 0, jb_lo[i] = first key block adding into 64-query tile i, and (non-deterministic mode)
+// dq_acc zeroed.
+template <int kD>
+__global__ void attn_bwd_prep_kernel(FlashArgs a, float* __restrict__ dsum, int* __restrict__ jb_lo, int64_t ncounters,
+                                     int zero_dq) {
+  const int lane = threadIdx.x & 31;
+  const int64_t nwarps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
+  for (int64_t w = blockIdx.x * static_cast<int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5); w < a.T * a.nh;
+       w += nwarps) {
+    const int64_t t = w / a.nh, h = w - t * a.nh;
+    const float s = row_dot<kD>(a, w, lane);
+    if (lane == 0) dsum[h * a.T + t] = s;
+  }
+  const int64_t tid = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t nthreads = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = tid; i < ncounters; i += nthreads) a.sems[i] = 0;  // the ticket is the last counter
+  for (int64_t i = tid; i * kDqRows < a.T; i += nthreads)
+    jb_lo[i] = a.cu[doc_of(a.cu, a.ndocs, i * kDqRows)] / kWgBM;
+  if (zero_dq) {
+    const int64_t n4 = a.nh * a.T * kD / 4;
+    for (int64_t i = tid; i < n4; i += nthreads) reinterpret_cast<float4*>(a.dq_acc)[i] = make_float4(0, 0, 0, 0);
+  }
+}
+
+// dk/dv (bf16) = sum over head splits, in order, of the f32 partials; dq (bf16, [T][nh][kD]) =
+// scale * dq_acc ([nh][T][kD]). Four elements per thread step.
+template <int kD>
+__global__ void attn_bwd_finish_kernel(FlashArgs a, int splits, bf16* __restrict__ dk, bf16* __restrict__ dv) {
+  const int64_t n_kv = a.T * a.nkv * kD / 4, n_q = a.T * a.nh * kD / 4;
+  const float4* pk = reinterpret_cast<const float4*>(a.part_k);
+  const float4* pv = reinterpret_cast<const float4*>(a.part_v);
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n_kv + n_q;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    if (i < n_kv) {
+      float4 sk = pk[i], sv = pv[i];
+      for (int s = 1; s < splits; ++s) {
+        const float4 xk = pk[s * n_kv + i], xv = pv[s * n_kv + i];
+        sk = make_float4(sk.x + xk.x, sk.y + xk.y, sk.z + xk.z, sk.w + xk.w);
+        sv = make_float4(sv.x + xv.x, sv.y + xv.y, sv.z + xv.z, sv.w + xv.w);
+      }
+      uint2 ok, ov;
+      ok.x = pack_bf16(sk.x, sk.y);
+      ok.y = pack_bf16(sk.z, sk.w);
+      ov.x = pack_bf16(sv.x, sv.y);
+      ov.y = pack_bf16(sv.z, sv.w);
+      reinterpret_cast<uint2*>(dk)[i] = ok;
+      reinterpret_cast<uint2*>(dv)[i] = ov;
+    } else {
+      const int64_t o = (i - n_kv) * 4;  // element index in dq [T][nh][kD]
+      const int64_t c = o % kD, th = o / kD, t = th / a.nh, h = th - t * a.nh;
+      const float4 x = *reinterpret_cast<const float4*>(a.dq_acc + (h * a.T + t) * kD + c);
+      uint2 r;
+      r.x = pack_bf16(x.x * a.scale, x.y * a.scale);
+      r.y = pack_bf16(x.z * a.scale, x.w * a.scale);
+      *reinterpret_cast<uint2*>(a.dq + o) = r;
+    }
+  }
 }
 
 }  // namespace moetrain::cuda::flash
