@@ -2,7 +2,9 @@
 // grouped_gemm_ws_dw.cuh) against the cp.async wgmma dW kernel (grouped_gemm_wgmma.cu): bit
 // equality with it, a float64 reference (every element on edge cases, sampled on model shapes),
 // run-to-run bits, untouched / zeroed empty experts, the fused sum of squares; then CUDA-event
-// medians. Build / run: bench/standalone/gemm_ws_dw_run.sh. Usage: gemm_ws_dw [reps] [edges|shapes].
+// medians. With -DMT_DW_OLD (the run script, given a snapshot of an earlier grouped_gemm_ws_dw.cuh
+// renamed to namespace gwd_old) that kernel is checked and timed beside it: an A/B in one process.
+// Build / run: bench/standalone/gemm_ws_dw_run.sh. Usage: gemm_ws_dw [reps] [edges|shapes].
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -20,6 +22,12 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/grouped_gemm_wgmma.cuh"
 #include "kernels/cuda/grouped_gemm_ws_dw.cuh"
+#ifdef MT_DW_OLD
+#include "kernels/cuda/grouped_gemm_ws_dw_old.cuh"
+constexpr bool kHaveOld = true;
+#else
+constexpr bool kHaveOld = false;
+#endif
 
 using moetrain::Context;
 using bf16 = __nv_bfloat16;
@@ -43,6 +51,18 @@ __global__ void fill_f32(float* p, int64_t n, uint64_t seed, float scale) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
     p[i] = unit_hash(i, seed) * scale;
 }
+// Zeros and tiny values in dw for the sums of squares: x[:, j] = 0 for j % 7 == 3, x[:, j] *= 2^-64 for
+// j % 5 == 0, dy[:, i] *= 2^-62 for i % 3 == 0 (products down to f32 / bf16 subnormals).
+__global__ void make_special(bf16* x, bf16* dy, int64_t rows, int64_t K, int64_t M) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < rows * K; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t j = i % K;
+    const float v = __bfloat162float(x[i]);
+    x[i] = __float2bfloat16_rn(j % 7 == 3 ? 0.0f : j % 5 == 0 ? v * 0x1p-64f : v);
+  }
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < rows * M; i += (int64_t)gridDim.x * blockDim.x)
+    if ((i % M) % 3 == 0) dy[i] = __float2bfloat16_rn(__bfloat162float(dy[i]) * 0x1p-62f);
+}
+
 // Sampled elements idx = s * samp of dw [E, M, K]: ref (f64) = old (if acc) + sum_r dy[r, i] x[r, j];
 // max |out - ref|, max |ref|, NaN count.
 __global__ void ref_check(const bf16* x, const bf16* dy, const int32_t* off, int64_t K, int64_t M, int64_t total,
@@ -115,48 +135,58 @@ std::vector<int64_t> routed(int64_t T, int topk, int E, uint32_t seed) {
   return counts;
 }
 
-// impl 0: wgmma (cp.async); 1: ws default; 2: ws other BK.
-void run(Context& ctx, int impl, const Prob& p, void* dw, bool b16, bool acc, double* ss) {
+// impl 0: wgmma (cp.async); 1: ws default; 2: ws other BK; 3: the old ws kernel (MT_DW_OLD), default.
+const char* impl_name(int impl) { return impl == 0 ? "wgmma" : impl == 1 ? "ws v0" : impl == 2 ? "ws v1" : "ws old v0"; }
+// add: sum the ws kernels' per-tile partials into *ss (the stub's one-thread sum; timings leave it out).
+void run(Context& ctx, int impl, const Prob& p, void* dw, bool b16, bool acc, double* ss, bool add = true) {
   if (impl == 0) mc::grouped_gemm_wgmma_dw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, dw, b16, acc, 0, 0, ss);
   else {
     double* part = nullptr;
     const int64_t n = mc::gwd::dw_tiles(p.E, p.K, p.M, b16);
     if (ss) part = static_cast<double*>(mc::device_scratch(ctx, n * 8).data_ptr());
-    mc::gwd::dispatch_dw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, dw, b16, acc, part, impl - 1);
-    if (ss) mc::add_partials_into(ctx, part, n, ss);
+    if (impl != 3) mc::gwd::dispatch_dw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, dw, b16, acc, part, impl - 1);
+#ifdef MT_DW_OLD
+    else mc::gwd_old::dispatch_dw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, dw, b16, acc, part, 0);
+#endif
+    if (ss && add) mc::add_partials_into(ctx, part, n, ss);
   }
   CK(cudaGetLastError());
 }
 
 bool check_mode(Context& ctx, const Prob& p, bool b16, bool acc, int64_t samp) {
   const int64_t tot = (int64_t)p.E * p.M * p.K, bytes = tot * (b16 ? 2 : 4);
-  void *init, *o0, *o1, *o2, *o1b;
+  std::vector<int> impls = {0, 1, 2, 1};
+  std::vector<const char*> name = {"wgmma", "ws v0", "ws v1", "ws v0 rerun"};
+  if (kHaveOld) {
+    impls.push_back(3);
+    name.push_back("ws old v0");
+  }
+  const int n_out = static_cast<int>(impls.size());
+  void* init;
+  std::vector<void*> outs(n_out);
   double* ss;
   CK(cudaMalloc(&init, bytes + 16));
-  for (void** q : {&o0, &o1, &o2, &o1b}) CK(cudaMalloc(q, bytes + 16));
-  CK(cudaMalloc(&ss, 4 * 8));
+  for (void*& q : outs) CK(cudaMalloc(&q, bytes + 16));
+  CK(cudaMalloc(&ss, n_out * 8));
   if (acc) {
     if (b16) fill_bf16<<<1024, 256>>>((bf16*)init, tot, 5, 3.0f, INT64_MAX);
     else fill_f32<<<1024, 256>>>((float*)init, tot, 5, 3.0f);
   } else {
     CK(cudaMemset(init, 0xFF, bytes));  // NaN: unwritten elements show
   }
-  CK(cudaMemset(ss, 0, 4 * 8));
-  void* outs[4] = {o0, o1, o2, o1b};
-  const int impls[4] = {0, 1, 2, 1};
-  for (int i = 0; i < 4; ++i) {
+  CK(cudaMemset(ss, 0, n_out * 8));
+  for (int i = 0; i < n_out; ++i) {
     CK(cudaMemcpy(outs[i], init, bytes, cudaMemcpyDeviceToDevice));
     run(ctx, impls[i], p, outs[i], b16, acc, ss + i);
   }
   CK(cudaDeviceSynchronize());
   std::vector<unsigned char> h0(bytes), h1(bytes), hin(bytes);
-  CK(cudaMemcpy(h0.data(), o0, bytes, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(h0.data(), outs[0], bytes, cudaMemcpyDeviceToHost));
   CK(cudaMemcpy(hin.data(), init, bytes, cudaMemcpyDeviceToHost));
-  double hs[4];
-  CK(cudaMemcpy(hs, ss, 32, cudaMemcpyDeviceToHost));
+  std::vector<double> hs(n_out);
+  CK(cudaMemcpy(hs.data(), ss, n_out * 8, cudaMemcpyDeviceToHost));
   bool ok = true;
   char line[512];
-  const char* name[4] = {"wgmma", "ws v0", "ws v1", "ws v0 rerun"};
   // host sum of squares of the old kernel's output (f64)
   double hss = 0.0;
   for (int64_t i = 0; i < tot; ++i) {
@@ -165,7 +195,7 @@ bool check_mode(Context& ctx, const Prob& p, bool b16, bool acc, int64_t samp) {
     else { float f; std::memcpy(&f, &h0[4 * i], 4); v = f; }
     hss += v * v;
   }
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < n_out; ++i) {
     CK(cudaMemcpy(h1.data(), outs[i], bytes, cudaMemcpyDeviceToHost));
     int64_t ndiff = 0, nempty_bad = 0;
     const size_t es = b16 ? 2 : 4;
@@ -212,14 +242,14 @@ bool check_mode(Context& ctx, const Prob& p, bool b16, bool acc, int64_t samp) {
 }
 
 float time_ms(Context& ctx, int impl, const Prob& p, void* dw, bool b16, bool acc, double* ss, int reps) {
-  for (int i = 0; i < 3; ++i) run(ctx, impl, p, dw, b16, acc, ss);
+  for (int i = 0; i < 3; ++i) run(ctx, impl, p, dw, b16, acc, ss, false);
   std::vector<float> ts;
   cudaEvent_t a, b;
   CK(cudaEventCreate(&a));
   CK(cudaEventCreate(&b));
   for (int i = 0; i < reps; ++i) {
     CK(cudaEventRecord(a));
-    run(ctx, impl, p, dw, b16, acc, ss);
+    run(ctx, impl, p, dw, b16, acc, ss, false);
     CK(cudaEventRecord(b));
     CK(cudaEventSynchronize(b));
     float ms;
@@ -251,6 +281,9 @@ int main(int argc, char** argv) {
     edges.push_back(make("one-full", {64, 0, 0}, 64, 64, 64));
     edges.push_back(make("all-empty", {0, 0, 0, 0}, 16, 72, 40));
     edges.push_back(make("N-edge", {5, 31, 33}, 69, 520, 264));
+    edges.push_back(make("zeros+tiny", {40, 0, 300, 7}, 400, 520, 264));
+    make_special<<<256, 256>>>(edges.back().x, edges.back().dy, edges.back().off.back(), 520, 264);
+    CK(cudaGetLastError());
     for (Prob& p : edges) {
       for (bool b16 : {true, false})
         for (bool acc : {false, true}) check_mode(ctx, p, b16, acc, 1);
@@ -274,11 +307,13 @@ int main(int argc, char** argv) {
       struct V { const char* mode; bool b16, acc, withss; };
       for (V v : {V{"bf16 =", true, false, false}, V{"bf16 = +ss", true, false, true}, V{"f32 +=", false, true, false},
                   V{"f32 += +ss", false, true, true}}) {
-        for (int impl : {0, 1, 2}) {
+        std::vector<int> timed = {0, 1, 2};
+        if (kHaveOld) timed.push_back(3);
+        for (int impl : timed) {
           const float ms = time_ms(ctx, impl, p, dw, v.b16, v.acc, v.withss ? ss : nullptr, reps);
           char line[256];
-          std::snprintf(line, sizeof line, "| %-8s | %-11s | %-8s | %8.3f | %6.0f |", s.tag, v.mode,
-                        impl == 0 ? "wgmma" : impl == 1 ? "ws v0" : "ws v1", ms, fl / ms / 1e9);
+          std::snprintf(line, sizeof line, "| %-8s | %-11s | %-9s | %8.3f | %6.0f |", s.tag, v.mode,
+                        impl_name(impl), ms, fl / ms / 1e9);
           table.push_back(line);
           std::puts(line);
         }

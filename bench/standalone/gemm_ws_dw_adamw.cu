@@ -2,7 +2,9 @@
 // grouped_gemm_ws_dw_adamw.cuh) against the unfused sequence it replaces: dispatch_dw (TMA dW, the
 // stored grad + per-tile sums of squares) then adamw_kernel over the whole [E, M, K] tensor. Checks
 // bit equality of master / m / v / compute and of the per-tile partials (edge shapes: every element;
-// model shapes too), then CUDA-event medians and effective bandwidth.
+// model shapes too), then CUDA-event medians and effective bandwidth. With -DMT_DW_OLD (the run script,
+// given snapshots of earlier grouped_gemm_ws_dw*.cuh renamed to namespace gwd_old) their dW and fused
+// kernels are timed beside these: an A/B in one process.
 // Build / run: bench/standalone/gemm_ws_dw_adamw_run.sh. Usage: gemm_ws_dw_adamw [reps] [edges|shapes|all].
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -21,6 +23,9 @@
 #include "core/context.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/grouped_gemm_ws_dw_adamw.cuh"
+#ifdef MT_DW_OLD
+#include "kernels/cuda/grouped_gemm_ws_dw_adamw_old.cuh"
+#endif
 
 using moetrain::Context;
 using bf16 = __nv_bfloat16;
@@ -298,9 +303,9 @@ int main(int argc, char** argv) {
   ctx.facts_.cc_major = prop.major;
   ctx.facts_.cc_minor = prop.minor;
   std::printf("device %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
-  // variant = L2 prefetch mode (0-2) + 4 x the other walk depth
-  const std::vector<int> all_vars = {0, 1, 2, 4, 5, 6};
-  const std::vector<int> time_vars = {0, 1, 4, 5};
+  // variant: 0 = default, 4 = the other walk depth
+  const std::vector<int> all_vars = {0, 4};
+  const std::vector<int> time_vars = {0, 4};
   if (part != "shapes") {
     std::vector<Prob> edges;
     edges.push_back(make("uneven", {0, 1, 1000, 0, 64, 65, 128, 129, 255, 257, 3, 0}, 2300, 264, 200));
@@ -369,6 +374,10 @@ int main(int argc, char** argv) {
           };
           row("dW (ws, +ss)", time_ms([&] { gwd::dispatch_dw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, grad, cf->g16,
                                                               false, part, 0); }, reps), b_dw);
+#ifdef MT_DW_OLD
+          row("old dW (ws, +ss)", time_ms([&] { moetrain::cuda::gwd_old::dispatch_dw(ctx, p.x, p.dy, p.doff, p.E, p.N,
+                                                   p.K, p.M, grad, cf->g16, false, part, 0); }, reps), b_dw);
+#endif
           row("adamw_kernel", time_ms([&] { adamw_unfused(ctx, *cf, st, grad, n, o.k, o.sr, o.key, o.counter); }, reps),
               b_adamw);
           row("unfused dW+adamw", time_ms([&] { run_unfused(ctx, p, *cf, st, grad, false, part, o); }, reps),
@@ -380,6 +389,15 @@ int main(int argc, char** argv) {
             row(what, time_ms([&] { gwd::dispatch_dw_adamw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, a, part, var); },
                               reps), b_fused);
           }
+#ifdef MT_DW_OLD
+          {
+            moetrain::cuda::gwd_old::DwAdamWArgs ao;
+            static_assert(sizeof ao == sizeof a, "DwAdamWArgs changed");
+            std::memcpy(&ao, &a, sizeof ao);  // the same struct, renamed
+            row("old fused v0 (+ss)", time_ms([&] { moetrain::cuda::gwd_old::dispatch_dw_adamw(ctx, p.x, p.dy, p.doff,
+                                                        p.E, p.N, p.K, p.M, ao, part, 0); }, reps), b_fused);
+          }
+#endif
           row("fused v0 (no ss)",
               time_ms([&] { gwd::dispatch_dw_adamw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, a, nullptr, 0); }, reps),
               b_fused);

@@ -1,22 +1,35 @@
 #!/usr/bin/env bash
 # Device-machine driver for bench/standalone/gemm_ws_dw_adamw.cu: builds the harness (the fused dW +
 # AdamW kernel of src/kernels/cuda/grouped_gemm_ws_dw_adamw.cuh next to the unfused dispatch_dw +
-# adamw_kernel), reports registers / spills and local-memory use in the SASS, checks bit equality on
-# edge and model shapes, then times fused vs unfused. Logs go to $OUT.
+# adamw_kernel), reports registers / spills, checks bit equality on edge and model shapes, then times
+# fused vs unfused. Snapshots of earlier grouped_gemm_ws_dw{,_adamw}.cuh in $DW_OLD (default
+# build-dw/dw_old) are built in as gwd_old and timed beside them. PREBUILT=1 reuses the binary in $B.
 # Usage (repo root, GPU machine): bash bench/standalone/gemm_ws_dw_adamw_run.sh [reps]
 set -o pipefail
 OUT=${OUT:-/tmp/gemm_ws_dw_adamw_out}
-B=/tmp/gemm_ws_dw_adamw_build
-mkdir -p "$OUT" $B
+B=${B:-/tmp/gemm_ws_dw_adamw_build}
+mkdir -p "$OUT" "$B"
 export PATH=/usr/local/cuda/bin:$PATH
 REPS=${1:-20}
 FLAGS="-O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -lineinfo -Ibench/standalone/gemm_stub -Isrc"
-nvcc $FLAGS -Xptxas -v bench/standalone/gemm_ws_dw_adamw.cu -o $B/gemm_ws_dw_adamw > "$OUT/build.log" 2>&1 \
-  || { tail -n 30 "$OUT/build.log"; exit 1; }
-awk '/Compiling entry/{match($0,/_Z[^'"'"']*/); n=substr($0,RSTART,RLENGTH)} /spill stores/{print n, $0}' "$OUT/build.log" \
-  | grep gmm_ws | c++filt | sed -E 's/\(CUtensorMap_st.*::/ ::/' | cut -c1-200
-cuobjdump -sass $B/gemm_ws_dw_adamw > $B/sass.txt 2>/dev/null && \
-  awk '/Function :/{f=$3} /STL|LDL/{c[f]++} END{for (k in c) print "local-memory instrs:", c[k], k}' $B/sass.txt | c++filt | cut -c1-160
+OLD=${DW_OLD:-build-dw/dw_old}
+if [ -f "$OLD/grouped_gemm_ws_dw_adamw.cuh" ]; then
+  mkdir -p "$B/old/kernels/cuda"
+  for f in grouped_gemm_ws_dw grouped_gemm_ws_dw_adamw; do
+    sed -e 's/namespace moetrain::cuda::gwd\b/namespace moetrain::cuda::gwd_old/' \
+        -e 's|kernels/cuda/grouped_gemm_ws_dw.cuh|kernels/cuda/grouped_gemm_ws_dw_old.cuh|' \
+        "$OLD/$f.cuh" > "$B/old/kernels/cuda/${f}_old.cuh"
+  done
+  FLAGS="$FLAGS -DMT_DW_OLD -I$B/old"
+  echo "A/B against the snapshot in $OLD"
+fi
+if [ "${PREBUILT:-0}" != 1 ]; then
+  nvcc $FLAGS -Xptxas -v bench/standalone/gemm_ws_dw_adamw.cu -o $B/gemm_ws_dw_adamw > "$OUT/build.log" 2>&1 \
+    || { tail -n 30 "$OUT/build.log"; exit 1; }
+  awk '/Compiling entry/{match($0,/_Z[^'"'"']*/); n=substr($0,RSTART,RLENGTH)} /spill stores/{print n, $0}' \
+    "$OUT/build.log" | grep gmm_ws | c++filt | sed -E 's/\(CUtensorMap_st.*::/ ::/' | cut -c1-200
+  grep -h -E "C75|warn" "$OUT/build.log" | head
+fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 timeout 60 $B/gemm_ws_dw_adamw "$REPS" edges > "$OUT/edges.log" 2>&1
 echo "edges rc $?"

@@ -1,9 +1,9 @@
 // Hopper warp-specialized expert dW GEMM: dw[e] (M x K) (+)= dy_e^T x_e, bf16 in, fp32 accumulate.
-// A producer thread issues TMA copies (128B swizzle, MN-major 64-wide blocks) of dy and x k-slabs
-// into an mbarrier ring; two consumer warpgroups run wgmma on a 128 x BN tile, zero the rows of the
-// next expert that the expert's last slab over-reads, and write the tile through a shared staging
-// tile with per-row bulk copies (= or +=, f32 or bf16) plus the tile's sum of squares. Included by
-// grouped_gemm_ws.cu (and the standalone harness); same contract as grouped_gemm_wgmma_dw.
+// Warp 0 loads dy / x k-slabs with TMA into an mbarrier ring; two consumer warpgroups run wgmma on a
+// 128 x BN tile, round it (+ the old dw) into a shared staging tile and sum the squares of their
+// fragments (fp64 per warp); warps 1-3 ("store warps") write the tile with per-row bulk copies under
+// the next tile's mainloop, and their thread 0 adds the 8 warp sums in order.
+// Epi (the epilogue policy) says what else a staged tile gets: StoreEpilogue here, AdamW elsewhere.
 #pragma once
 #include <cuda.h>
 
@@ -14,10 +14,14 @@
 namespace moetrain::cuda::gwd {
 
 using bf16 = __nv_bfloat16;
-constexpr int kBM = 128, kMaxE = 1024, kThreads = 384;
+// 384 threads: warp 0 (lane 0) issues the loads, warps 1-3 are the store warps (kStoreThreads),
+// warpgroups 1 and 2 are the consumers.
+constexpr int kBM = 128, kMaxE = 1024, kThreads = 384, kStoreThreads = 96;
 
 // Shared memory: kStages x (A: 2 blocks | B: BN / 64 blocks, each BK k rows x 128 B), the staging
-// tile (128 rows at kPitch bytes), barriers full[kS], empty[kS], obar, offsets [E+1], 8 doubles.
+// tile (128 rows at kPitch bytes), barriers full[kS], empty[kS], sfull, sready, offsets [E+1], then
+// 8 doubles (consumers: tiles of empty experts) and 2 x 8 (a tile's consumer warp sums of squares,
+// double-buffered; store thread 0 adds them).
 template <int BN, typename DwT, int BK>
 struct Cfg {
   static constexpr int kBlock = BK * 128;
@@ -27,17 +31,21 @@ struct Cfg {
   static constexpr int kOutBytes = kBM * kPitch;
   static constexpr int kOffOff = kOutBytes + 256;
   static constexpr int kRedOff = kOffOff + ((kMaxE + 1) * 4 + 7) / 8 * 8;
-  static constexpr int kFixed = 1024 + kRedOff + 8 * 8;
+  static constexpr int kFixed = 1024 + kRedOff + 24 * 8;
   static constexpr int kFit = (227 * 1024 - kFixed) / kStageBytes;
   static constexpr int kStages = kFit < 8 ? kFit : 8;
   static_assert(kStages >= 2, "dW tile does not fit in shared memory");
-  static_assert((2 * kStages + 1) * 8 <= 256, "barrier space");
+  static_assert((2 * kStages + 2) * 8 <= 256, "barrier space");
   static constexpr int kSmem = kFixed + kStages * kStageBytes;
+  // setmaxnreg split (128 x kStoreRegs + 256 x kConsumerRegs <= 64512, the launch's 168 x 384): the
+  // consumers (fragments, staging, sums of squares) get the registers; the store warps only copy.
+  static constexpr int kStoreRegs = 40, kConsumerRegs = 232;
+  static_assert(128 * kStoreRegs + 256 * kConsumerRegs <= 168 * kThreads, "register split");
 };
 
 struct Params {
   const int32_t* off;
-  void* c;     // dw [E, ci, cj]
+  void* c;     // dw [E, ci, cj] (the AdamW epilogue: the prior gradient, only read)
   double* ss;  // per-tile sums of squares, or null
   int E, nmt, ncol;
   int64_t ci, cj;  // M, K
@@ -64,6 +72,18 @@ __device__ __forceinline__ Tile decode(const Params& p, const int32_t* s_off, in
   return x;
 }
 
+// Bytes of staged row r of tile x that exist in the output (0 for rows past M; columns clipped at K).
+template <int BN, typename DwT>
+__device__ __forceinline__ uint32_t row_bytes(const Params& p, const Tile& x, int r) {
+  if (x.i0 + r >= p.ci) return 0;
+  const int64_t cols = p.cj - x.j0 * BN < BN ? p.cj - x.j0 * BN : BN;
+  return static_cast<uint32_t>(cols * static_cast<int64_t>(sizeof(DwT)));
+}
+template <int BN, typename DwT>
+__device__ __forceinline__ DwT* row_ptr(const Params& p, const Tile& x, int r) {
+  return static_cast<DwT*>(p.c) + (x.e * p.ci + x.i0 + r) * p.cj + x.j0 * BN;
+}
+
 __device__ __forceinline__ void tma_2d(uint32_t dst, const CUtensorMap* m, int c0, int c1, uint32_t bar) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
@@ -80,22 +100,244 @@ __device__ __forceinline__ void arrive_lane0(uint32_t bar, uint32_t lane) {
 }
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
 
-// Threads 0..127: producer warpgroup (thread 0 issues the copies). 128..383: consumers; consumer
-// thread c < 128 owns staging row c for every bulk copy. map_a: dy [N, M], map_b: x [N, K], boxes
-// 64 columns x BK rows.
+// ---- the pieces of the kernel ---------------------------------------------------------------------
+
+// Producer (one thread): each tile's k-slabs, dy as 2 blocks and x as BN / 64 blocks of 64 columns x
+// BK rows. Boxes wholly past the last column are skipped (their outputs are never stored).
+template <class C, int BN, int BK, class Seek>
+__device__ __forceinline__ void produce(const CUtensorMap* map_a, const CUtensorMap* map_b, const Params& p,
+                                        const int32_t* s_off, uint32_t base, uint32_t full0, uint32_t empty0,
+                                        int64_t total, int64_t stride, Seek seek) {
+  int stage = 0;
+  uint32_t phase = 0;
+  for (int64_t t = seek(blockIdx.x); t < total; t = seek(t + stride)) {
+    const Tile x = decode<BN, BK>(p, s_off, t);
+    int na = 0, nb = 0;
+    for (int b = 0; b < 2; ++b) na += x.i0 + 64 * b < p.ci;
+    for (int b = 0; b < BN / 64; ++b) nb += x.j0 * BN + 64 * b < p.cj;
+    const uint32_t bytes = static_cast<uint32_t>((na + nb) * C::kBlock);
+    for (int k = 0; k < x.ksteps; ++k) {
+      wg::mbar_wait(empty0 + 8 * stage, phase ^ 1u);
+      const uint32_t full = full0 + 8 * stage, sa = base + stage * C::kStageBytes;
+      const int r = static_cast<int>(x.lo) + k * BK;
+      wg::mbar_arrive_tx(full, bytes);
+      for (int b = 0; b < na; ++b) tma_2d(sa + b * C::kBlock, map_a, static_cast<int>(x.i0) + 64 * b, r, full);
+      for (int b = 0; b < nb; ++b)
+        tma_2d(sa + C::kABytes + b * C::kBlock, map_b, static_cast<int>(x.j0) * BN + 64 * b, r, full);
+      if (++stage == C::kStages) {
+        stage = 0;
+        phase ^= 1u;
+      }
+    }
+  }
+}
+
+// Consumers: acc (warpgroup cw's 64 x BN half of the tile) = dy_e^T x_e over the tile's k-slabs, one
+// wgmma group in flight. A slab starts at the expert's first row, so only the last one can run into
+// the next expert's rows (or past N, zero-filled by TMA): rows [valid, BK) of its blocks are zeroed
+// in shared memory (generic stores, proxy fence, consumer barrier) before its wgmma.
+template <class C, int BN, int BK>
+__device__ __forceinline__ void mainloop(float (&acc)[BN / 2], const Tile& x, uint32_t base, uint32_t full0,
+                                         uint32_t empty0, int& stage, uint32_t& phase, int ctid, int cw,
+                                         int lane) {
+  constexpr int kNB = 2 + BN / 64;
+  int prev = -1;
+  for (int k = 0; k < x.ksteps; ++k) {
+    wg::mbar_wait(full0 + 8 * stage, phase);
+    const uint32_t sa = base + stage * C::kStageBytes, sb = sa + C::kABytes;
+    const int valid = static_cast<int>(x.hi - x.lo) - k * BK;
+    if (valid < BK) {
+      const int chunks = kNB * (BK - valid) * 8;
+      for (int c = ctid; c < chunks; c += 256) {
+        const int blk = c / ((BK - valid) * 8), rr = c - blk * (BK - valid) * 8;
+        const uint32_t a = sa + blk * C::kBlock + (valid + (rr >> 3)) * 128 + (rr & 7) * 16;
+        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(a), "r"(0) : "memory");
+      }
+      wg::fence_proxy_async();
+      consumers_sync();
+    }
+    wg::fence_regs(acc);
+    wg::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) {
+      const uint64_t da = wg::smem_desc(sa + cw * C::kBlock + kk * 2048, C::kBlock, 1024);
+      const uint64_t db = wg::smem_desc(sb + kk * 2048, C::kBlock, 1024);
+      wg::wgmma_bf16<BN, 1, 1>(acc, da, db, (k > 0 || kk > 0) ? 1 : 0);
+    }
+    wg::wgmma_commit();
+    if (prev >= 0) {
+      wg::wgmma_wait<1>();
+      wg::fence_regs(acc);
+      arrive_lane0(empty0 + 8 * prev, lane);
+    }
+    prev = stage;
+    if (++stage == C::kStages) {
+      stage = 0;
+      phase ^= 1u;
+    }
+  }
+  wg::wgmma_wait<0>();
+  wg::fence_regs(acc);
+  arrive_lane0(empty0 + 8 * prev, lane);
+}
+
+// Consumers: the tile's fragments (+ the old rows the store warps loaded into the staging tile, when
+// accumulating; added in f32) rounded to DwT into the staging tile. Consumer warp w (0..7) holds rows
+// 16 w + lane / 4 and + 8 of the tile.
+// ss + a^2 + b^2 as the fragment epilogue's `ss += double(a) * a + double(b) * b` compiles (b * b,
+// fma with a * a, then the add), written out so that every copy rounds the same way.
+__device__ __forceinline__ double add_sq2(double ss, float a, float b) {
+  const double da = a, db = b;
+  return __dadd_rn(ss, __fma_rn(da, da, __dmul_rn(db, db)));
+}
+
+// Consumer warp `warp` rounds its fragment of the tile into the staging tile (= or, with
+// `accumulate`, added to the old rows loaded there). With red non-null it also sums the squares of
+// the stored values of its rows < nrows, columns < ncols (per thread in fragment order, then an xor
+// butterfly) into red[warp]: the per-warp partials of the tile's sum of squares.
+template <int BN, typename DwT, int kPitch>
+__device__ __forceinline__ void stage_tile(const float (&acc)[BN / 2], bool accumulate, uint32_t sout,
+                                           unsigned char* out_p, int lane, int warp, double* red, int nrows,
+                                           int ncols) {
+  const int frow = 16 * warp + (lane >> 2), fcol = 2 * (lane & 3);
+  const bool row_in[2] = {frow < nrows, frow + 8 < nrows};
+  double ss = 0.0;
+  if constexpr (sizeof(DwT) == 4) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      unsigned char* rp = out_p + (frow + 8 * h) * kPitch;
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+        float2* q = reinterpret_cast<float2*>(rp + (fcol + 8 * j) * 4);
+        float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
+        if (accumulate) {
+          const float2 o = *q;
+          v0 = o.x + v0;
+          v1 = o.y + v1;
+        }
+        *q = make_float2(v0, v1);
+        if (red && row_in[h] && fcol + 8 * j < ncols) ss = add_sq2(ss, v0, v1);
+      }
+    }
+  } else {
+    const int q = lane >> 3;
+    const uint32_t rowaddr = sout + (16 * warp + ((q & 1) << 3) + (lane & 7)) * kPitch + (q >> 1) * 16;
+#pragma unroll
+    for (int j = 0; j < BN / 8; j += 2) {
+      float v[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = acc[4 * j + i];
+      if (accumulate) {
+        uint32_t o[4];
+        mma::ldmatrix_x4(o, rowaddr + j * 16);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&o[i]));
+          v[2 * i] = f.x + v[2 * i];
+          v[2 * i + 1] = f.y + v[2 * i + 1];
+        }
+      }
+      // w[i]: row frow + 8 (i & 1), column block j + (i >> 1)
+      const uint32_t w[4] = {mma::pack_bf16(v[0], v[1]), mma::pack_bf16(v[2], v[3]), mma::pack_bf16(v[4], v[5]),
+                             mma::pack_bf16(v[6], v[7])};
+      wg::stmatrix_x4(rowaddr + j * 16, w[0], w[1], w[2], w[3]);
+      if (red) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          if (row_in[i & 1] && fcol + 8 * (j + (i >> 1)) < ncols)
+            ss = add_sq2(ss, __uint_as_float(w[i] << 16), __uint_as_float(w[i] & 0xffff0000u));
+      }
+    }
+  }
+  if (red) {
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (lane == 0) red[warp] = ss;
+  }
+}
+
+// Store warp sw (0..2) owns the rows of consumer warps sw, sw + 3 and sw + 6 (< 8), 16 w .. 16 w + 15:
+// it stores and reloads only those, so only a __syncwarp orders its reads of them before the next
+// tile's loads. Lane `lane`'s rows: row_a always, row_b
+// when has_b.
+struct StoreRows {
+  int a, b;
+  bool has_b;
+};
+__device__ __forceinline__ StoreRows store_rows(int sw, int lane) {
+  return {16 * (sw + 3 * (lane >> 4)) + (lane & 15), 16 * (sw + 6) + lane, lane < 16 && sw < 2};
+}
+
+// Consumers, after the main loop: the partials of the tiles of experts without rows (skipped above):
+// the old dw's squares (+=), or 0. Warp sums, then thread 0 adds the 8 in warp order.
 template <int BN, typename DwT, int BK>
+__device__ __forceinline__ void empty_tile_sums(const Params& p, const int32_t* s_off, double* s_red, int ctid,
+                                                int lane, int warp, int64_t total, int64_t stride) {
+  for (int64_t t = blockIdx.x; t < total; t += stride) {
+    const Tile x = decode<BN, BK>(p, s_off, t);
+    if (x.ksteps) continue;
+    double ss = 0.0;
+    if (p.accumulate) {
+      const DwT* src = static_cast<const DwT*>(p.c) + (x.e * p.ci + x.i0) * p.cj + x.j0 * BN;
+      const int64_t rows = p.ci - x.i0 < kBM ? p.ci - x.i0 : kBM;
+      const int64_t cols = p.cj - x.j0 * BN < BN ? p.cj - x.j0 * BN : BN;
+      for (int64_t k = ctid; k < rows * cols; k += 256) {
+        const double v = static_cast<float>(src[(k / cols) * p.cj + k % cols]);
+        ss += v * v;
+      }
+    }
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (lane == 0) s_red[warp] = ss;
+    consumers_sync();
+    if (ctid == 0) {
+      double s = 0.0;
+#pragma unroll
+      for (int w = 0; w < 8; ++w) s += s_red[w];
+      p.ss[t] = s;
+    }
+    consumers_sync();
+  }
+}
+
+// Epilogue policy of dispatch_dw: the store warps write each staged tile to dw; experts without rows
+// get dw = 0 in = mode (the old dw stays in += mode). A policy has: kStore (store warps write the
+// staged tile to p.c), kWalk (the consumers call walk() on the complete staged tile before releasing
+// it) and empty_experts() (consumers, after the main loop).
+struct StoreEpilogue {
+  static constexpr bool kStore = true, kWalk = false;
+  template <int BN, typename DwT, int kPitch>
+  __device__ void walk(const Params&, const Tile&, const unsigned char*, int) const {}
+  template <typename DwT>
+  __device__ void empty_experts(const Params& p, const int32_t* s_off, int ctid) const {
+    if (p.accumulate) return;
+    const int64_t vecs = p.ci * p.cj * static_cast<int64_t>(sizeof(DwT)) / 16;
+    for (int e = 0; e < p.E; ++e) {
+      if (s_off[e + 1] > s_off[e]) continue;
+      uint4* c = reinterpret_cast<uint4*>(static_cast<DwT*>(p.c) + static_cast<int64_t>(e) * p.ci * p.cj);
+      for (int64_t v = static_cast<int64_t>(blockIdx.x) * 256 + ctid; v < vecs; v += gridDim.x * 256ll)
+        c[v] = make_uint4(0, 0, 0, 0);
+    }
+  }
+};
+
+// ---- the kernel -----------------------------------------------------------------------------------
+// Tiles walk t, t + grid, ... (tiles of experts without rows skipped; one CTA per tile, rows in order:
+// deterministic). Per tile: the consumers' mainloop, then (once sready says the staging tile is free
+// and, +=, holds the old rows) they stage it and arrive on sfull; the store warps wait on sfull, issue
+// the row stores, sum the squares, and once the stores have read the tile, load the next tile's old
+// rows and arrive on sready. map_a: dy [N, M], map_b: x [N, K], boxes 64 columns x BK rows.
+template <int BN, typename DwT, int BK, class Epi>
 __global__ void __launch_bounds__(kThreads, 1)
     gmm_ws_dw_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-                     const Params p) {
+                     const Params p, const Epi epi) {
 #if MT_WGMMA_ENABLED
   using C = Cfg<BN, DwT, BK>;
-  constexpr int kS = C::kStages, kNB = 2 + BN / 64;
+  constexpr int kS = C::kStages;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = mma::smem_addr(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
   unsigned char* out_p = smem_raw + (base - raw) + kS * C::kStageBytes;
   const uint32_t sout = base + kS * C::kStageBytes;
-  const uint32_t full0 = sout + C::kOutBytes, empty0 = full0 + 8 * kS, obar = empty0 + 8 * kS;
+  const uint32_t full0 = sout + C::kOutBytes, empty0 = full0 + 8 * kS, sfull = empty0 + 8 * kS, sready = sfull + 8;
   int32_t* s_off = reinterpret_cast<int32_t*>(out_p + C::kOffOff);
   double* s_red = reinterpret_cast<double*>(out_p + C::kRedOff);
   const int tid = threadIdx.x;
@@ -105,7 +347,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       wg::mbar_init(full0 + 8 * s, 1);
       wg::mbar_init(empty0 + 8 * s, 8);
     }
-    wg::mbar_init(obar, kBM);
+    wg::mbar_init(sfull, 256);
+    wg::mbar_init(sready, kStoreThreads);
     wg::fence_mbar_init();
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map_a)) : "memory");
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map_b)) : "memory");
@@ -117,218 +360,83 @@ __global__ void __launch_bounds__(kThreads, 1)
     return t;
   };
   const int wgi = __shfl_sync(0xffffffffu, tid / 128, 0);
-  if (wgi == 0) {  // ---- producer ----
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-    if (tid == 0) {
-      int stage = 0;
-      uint32_t phase = 0;
-      for (int64_t t = seek(blockIdx.x); t < total; t = seek(t + stride)) {
-        const Tile x = decode<BN, BK>(p, s_off, t);
-        // Boxes wholly past the last column are skipped (their outputs are never stored).
-        int na = 0, nb = 0;
-        for (int b = 0; b < 2; ++b) na += x.i0 + 64 * b < p.ci;
-        for (int b = 0; b < BN / 64; ++b) nb += x.j0 * BN + 64 * b < p.cj;
-        const uint32_t bytes = static_cast<uint32_t>((na + nb) * C::kBlock);
-        for (int k = 0; k < x.ksteps; ++k) {
-          wg::mbar_wait(empty0 + 8 * stage, phase ^ 1u);
-          const uint32_t full = full0 + 8 * stage, sa = base + stage * C::kStageBytes;
-          const int r = static_cast<int>(x.lo) + k * BK;
-          wg::mbar_arrive_tx(full, bytes);
-          for (int b = 0; b < na; ++b) tma_2d(sa + b * C::kBlock, &map_a, static_cast<int>(x.i0) + 64 * b, r, full);
-          for (int b = 0; b < nb; ++b)
-            tma_2d(sa + C::kABytes + b * C::kBlock, &map_b, static_cast<int>(x.j0) * BN + 64 * b, r, full);
-          if (++stage == kS) {
-            stage = 0;
-            phase ^= 1u;
-          }
-        }
-      }
+  if (wgi == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::kStoreRegs));
+    if (__shfl_sync(0xffffffffu, tid / 32, 0) == 0) {  // ---- producer warp ----
+      if (tid == 0) produce<C, BN, BK>(&map_a, &map_b, p, s_off, base, full0, empty0, total, stride, seek);
+      __syncwarp();
+      return;
     }
-    __syncwarp();
+    // ---- store warps (see store_rows) ----
+    const int st = tid - 32, sw = st >> 5, lane = tid & 31;
+    const StoreRows own = store_rows(sw, lane);
+    auto release = [&](const Tile& x) {  // own rows free: (+=) load tile x's old rows; arrive on sready
+      const uint32_t na = p.accumulate ? row_bytes<BN, DwT>(p, x, own.a) : 0u;
+      const uint32_t nb = p.accumulate && own.has_b ? row_bytes<BN, DwT>(p, x, own.b) : 0u;
+      if (na + nb == 0) {
+        wg::mbar_arrive(sready);
+        return;
+      }
+      wg::mbar_arrive_tx(sready, na + nb);
+      if (na) wg::bulk_load(sout + own.a * C::kPitch, row_ptr<BN, DwT>(p, x, own.a), na, sready);
+      if (nb) wg::bulk_load(sout + own.b * C::kPitch, row_ptr<BN, DwT>(p, x, own.b), nb, sready);
+    };
+    int64_t t = seek(blockIdx.x);
+    if (t < total) release(decode<BN, BK>(p, s_off, t));
+    for (uint32_t it = 0; t < total; ++it) {
+      const Tile x = decode<BN, BK>(p, s_off, t);
+      const int64_t tn = seek(t + stride);
+      wg::mbar_wait(sfull, it & 1u);
+      if constexpr (Epi::kStore) {
+        const uint32_t na = row_bytes<BN, DwT>(p, x, own.a);
+        const uint32_t nb = own.has_b ? row_bytes<BN, DwT>(p, x, own.b) : 0u;
+        if (na) wg::bulk_store(row_ptr<BN, DwT>(p, x, own.a), sout + own.a * C::kPitch, na);
+        if (nb) wg::bulk_store(row_ptr<BN, DwT>(p, x, own.b), sout + own.b * C::kPitch, nb);
+        wg::bulk_commit();
+      }
+      if (p.ss && st == 0) {  // the consumers' 8 warp sums (before sfull), added in warp order: deterministic
+        const double* red = s_red + 8 + 8 * (it & 1u);  // double-buffered: consumers fill the other next
+        double s = 0.0;
+#pragma unroll
+        for (int w = 0; w < 8; ++w) s += red[w];
+        p.ss[t] = s;
+      }
+      wg::fence_proxy_async();  // this lane's reads of the staging rows, before the bulk loads into them
+      __syncwarp();
+      if constexpr (Epi::kStore) wg::bulk_wait_read();
+      if (tn < total) release(decode<BN, BK>(p, s_off, tn));
+      t = tn;
+    }
+    wg::bulk_wait_all();
     return;
   }
   // ---- consumers ----
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::kConsumerRegs));
   const int ctid = tid - 128, cw = ctid >> 7, lane = tid & 31, warp = ctid >> 5;
-  const int frow = (warp >> 2) * 64 + (warp & 3) * 16 + (lane >> 2), fcol = 2 * (lane & 3);
-  DwT* const dw = static_cast<DwT*>(p.c);
-  auto row_ptr = [&](const Tile& x) { return dw + (x.e * p.ci + x.i0 + ctid) * p.cj + x.j0 * BN; };
-  auto row_bytes = [&](const Tile& x) -> uint32_t {
-    if (x.i0 + ctid >= p.ci) return 0;
-    const int64_t cols = p.cj - x.j0 * BN < BN ? p.cj - x.j0 * BN : BN;
-    return static_cast<uint32_t>(cols * static_cast<int64_t>(sizeof(DwT)));
-  };
   int stage = 0;
-  uint32_t phase = 0, ophase = 0;
+  uint32_t phase = 0, rphase = 0, cit = 0;
   float acc[BN / 2];
-#pragma unroll
-  for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
   for (int64_t t = seek(blockIdx.x); t < total; t = seek(t + stride)) {
     const Tile x = decode<BN, BK>(p, s_off, t);
-    if (p.accumulate && ctid < kBM) {  // old dw rows of this tile -> staging tile (overlaps the mainloop)
-      wg::bulk_wait_read();            // the previous tile's store has left the staging row
-      const uint32_t nb = row_bytes(x);
-      if (nb) {
-        wg::mbar_arrive_tx(obar, nb);
-        wg::bulk_load(sout + ctid * C::kPitch, row_ptr(x), nb, obar);
-      } else {
-        wg::mbar_arrive(obar);
-      }
-    }
-    int prev = -1;
-    for (int k = 0; k < x.ksteps; ++k) {
-      wg::mbar_wait(full0 + 8 * stage, phase);
-      const uint32_t sa = base + stage * C::kStageBytes, sb = sa + C::kABytes;
-      const int valid = static_cast<int>(x.hi - x.lo) - k * BK;
-      if (valid < BK) {  // rows [valid, BK) of the slab belong to the next expert (or are past N): zero
-        const int chunks = kNB * (BK - valid) * 8;
-        for (int c = ctid; c < chunks; c += 256) {
-          const int blk = c / ((BK - valid) * 8), rr = c - blk * (BK - valid) * 8;
-          const uint32_t a = sa + blk * C::kBlock + (valid + (rr >> 3)) * 128 + (rr & 7) * 16;
-          asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(a), "r"(0) : "memory");
-        }
-        wg::fence_proxy_async();
-        consumers_sync();
-      }
-      wg::fence_regs(acc);
-      wg::wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < BK / 16; ++kk) {
-        const uint64_t da = wg::smem_desc(sa + cw * C::kBlock + kk * 2048, C::kBlock, 1024);
-        const uint64_t db = wg::smem_desc(sb + kk * 2048, C::kBlock, 1024);
-        wg::wgmma_bf16<BN, 1, 1>(acc, da, db, (k > 0 || kk > 0) ? 1 : 0);
-      }
-      wg::wgmma_commit();
-      if (prev >= 0) {
-        wg::wgmma_wait<1>();
-        wg::fence_regs(acc);
-        arrive_lane0(empty0 + 8 * prev, lane);
-      }
-      prev = stage;
-      if (++stage == kS) {
-        stage = 0;
-        phase ^= 1u;
-      }
-    }
-    wg::wgmma_wait<0>();
-    wg::fence_regs(acc);
-    arrive_lane0(empty0 + 8 * prev, lane);
-    // ---- epilogue ----
-    if (p.accumulate) {
-      wg::mbar_wait(obar, ophase);
-      ophase ^= 1u;
-    } else {
-      if (ctid < kBM) wg::bulk_wait_read();
+    for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;  // dead between tiles (the first wgmma ignores them)
+    mainloop<C, BN, BK>(acc, x, base, full0, empty0, stage, phase, ctid, cw, lane);
+    wg::mbar_wait(sready, rphase);
+    rphase ^= 1u;
+    const int nrows = static_cast<int>(p.ci - x.i0 < kBM ? p.ci - x.i0 : kBM);
+    const int ncols = static_cast<int>(p.cj - x.j0 * BN < BN ? p.cj - x.j0 * BN : BN);
+    double* red = p.ss ? s_red + 8 + 8 * (cit++ & 1u) : nullptr;  // read by store thread 0 after sfull
+    stage_tile<BN, DwT, C::kPitch>(acc, p.accumulate != 0, sout, out_p, lane, warp, red, nrows, ncols);
+    wg::fence_proxy_async();  // staging writes, before the store warps' bulk stores read them
+    if constexpr (Epi::kWalk) {
       consumers_sync();
+      epi.template walk<BN, DwT, C::kPitch>(p, x, out_p, ctid);
+      wg::fence_proxy_async();  // the walk's reads, before the next tile's bulk loads into the staging tile
     }
-    double ss = 0.0;
-    const int64_t col0 = x.j0 * BN + fcol;
-    const bool row_in[2] = {x.i0 + frow < p.ci, x.i0 + frow + 8 < p.ci};
-    if constexpr (sizeof(DwT) == 4) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        unsigned char* rp = out_p + (frow + 8 * h) * C::kPitch;
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-          float2* q = reinterpret_cast<float2*>(rp + (fcol + 8 * j) * 4);
-          float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
-          if (p.accumulate) {
-            const float2 o = *q;
-            v0 = o.x + v0;
-            v1 = o.y + v1;
-          }
-          *q = make_float2(v0, v1);
-          if (p.ss && row_in[h] && col0 + 8 * j < p.cj)
-            ss += static_cast<double>(v0) * v0 + static_cast<double>(v1) * v1;
-        }
-      }
-    } else {
-      const int q = lane >> 3;
-      const uint32_t rowaddr =
-          sout + ((warp >> 2) * 64 + (warp & 3) * 16 + ((q & 1) << 3) + (lane & 7)) * C::kPitch + (q >> 1) * 16;
-#pragma unroll
-      for (int j = 0; j < BN / 8; j += 2) {
-        float v[8];
-#pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = acc[4 * j + i];
-        if (p.accumulate) {
-          uint32_t o[4];
-          mma::ldmatrix_x4(o, rowaddr + j * 16);
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&o[i]));
-            v[2 * i] = f.x + v[2 * i];
-            v[2 * i + 1] = f.y + v[2 * i + 1];
-          }
-        }
-        const uint32_t w[4] = {mma::pack_bf16(v[0], v[1]), mma::pack_bf16(v[2], v[3]), mma::pack_bf16(v[4], v[5]),
-                               mma::pack_bf16(v[6], v[7])};
-        wg::stmatrix_x4(rowaddr + j * 16, w[0], w[1], w[2], w[3]);
-        if (p.ss) {  // w[i]: row frow + 8 (i & 1), column block j + (i >> 1)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            if (!row_in[i & 1] || col0 + 8 * (j + (i >> 1)) >= p.cj) continue;
-            const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[i]));
-            ss += static_cast<double>(f.x) * f.x + static_cast<double>(f.y) * f.y;
-          }
-        }
-      }
-    }
-    if (p.ss) {
-      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-      if (lane == 0) s_red[warp] = ss;
-    }
-    wg::fence_proxy_async();
-    consumers_sync();
-    if (p.ss && ctid == 0) {  // warp order: deterministic; s_red is next written after a later barrier
-      double s = 0.0;
-#pragma unroll
-      for (int w = 0; w < 8; ++w) s += s_red[w];
-      p.ss[t] = s;
-    }
-    if (ctid < kBM) {
-      const uint32_t nb = row_bytes(x);
-      if (nb) wg::bulk_store(row_ptr(x), sout + ctid * C::kPitch, nb);
-      wg::bulk_commit();
-    }
+    wg::mbar_arrive(sfull);
   }
-  if (p.ss) {  // tiles of experts without rows: the old dw's squares (+=), or 0
-    consumers_sync();  // thread 0 has read s_red for the last tile
-    for (int64_t t = blockIdx.x; t < total; t += stride) {
-      const Tile x = decode<BN, BK>(p, s_off, t);
-      if (x.ksteps) continue;
-      double ss = 0.0;
-      if (p.accumulate) {
-        const DwT* src = dw + (x.e * p.ci + x.i0) * p.cj + x.j0 * BN;
-        const int64_t rows = p.ci - x.i0 < kBM ? p.ci - x.i0 : kBM;
-        const int64_t cols = p.cj - x.j0 * BN < BN ? p.cj - x.j0 * BN : BN;
-        for (int64_t k = ctid; k < rows * cols; k += 256) {
-          const double v = static_cast<float>(src[(k / cols) * p.cj + k % cols]);
-          ss += v * v;
-        }
-      }
-      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-      if (lane == 0) s_red[warp] = ss;
-      consumers_sync();
-      if (ctid == 0) {
-        double s = 0.0;
-#pragma unroll
-        for (int w = 0; w < 8; ++w) s += s_red[w];
-        p.ss[t] = s;
-      }
-      consumers_sync();
-    }
-  }
-  if (!p.accumulate) {  // experts with no rows: dw[e] = 0
-    const int64_t vecs = p.ci * p.cj * static_cast<int64_t>(sizeof(DwT)) / 16;
-    for (int e = 0; e < p.E; ++e) {
-      if (s_off[e + 1] > s_off[e]) continue;
-      uint4* c = reinterpret_cast<uint4*>(dw + static_cast<int64_t>(e) * p.ci * p.cj);
-      for (int64_t v = static_cast<int64_t>(blockIdx.x) * 256 + ctid; v < vecs; v += stride * 256)
-        c[v] = make_uint4(0, 0, 0, 0);
-    }
-  }
-  if (ctid < kBM) wg::bulk_wait_all();
+  if (p.ss) empty_tile_sums<BN, DwT, BK>(p, s_off, s_red, ctid, lane, warp, total, stride);
+  epi.template empty_experts<DwT>(p, s_off, ctid);
 #endif
 }
 
@@ -372,14 +480,12 @@ inline int dw_sm_count(const Context& ctx) {
   return sms;
 }
 
-// x [N, K], dy [N, M]; dw [E, M, K]; per-tile partials of the sum of squares into `partial` (or null).
-template <int BN, typename DwT, int BK>
-void launch_dw(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, int E, int64_t N, int64_t K,
-               int64_t M, void* dw, bool accumulate, double* partial) {
-  using C = Cfg<BN, DwT, BK>;
+// Params of an [E, M, K] dW problem over 128 x BN tiles; c: dw (or the AdamW prior), null allowed.
+template <int BN>
+inline Params dw_params(const int32_t* off, int E, int64_t K, int64_t M, void* c, bool accumulate, double* partial) {
   Params p{};
   p.off = off;
-  p.c = dw;
+  p.c = c;
   p.ss = partial;
   p.E = E;
   p.ci = M;
@@ -387,13 +493,29 @@ void launch_dw(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, 
   p.ncol = static_cast<int>((K + BN - 1) / BN);
   p.nmt = static_cast<int>((M + kBM - 1) / kBM);
   p.accumulate = accumulate ? 1 : 0;
+  return p;
+}
+
+// The kernel with epilogue policy epi on `grid` CTAs. x [N, K], dy [N, M].
+template <int BN, typename DwT, int BK, class Epi>
+void launch_dw_kernel(Context& ctx, const bf16* x, const bf16* dy, int64_t N, int64_t K, int64_t M, const Params& p,
+                      const Epi& epi, int64_t grid, const char* op) {
+  using C = Cfg<BN, DwT, BK>;
   const CUtensorMap ma = dw_map(dy, N > 0 ? N : 1, M, BK), mb = dw_map(x, N > 0 ? N : 1, K, BK);
-  auto kernel = gmm_ws_dw_kernel<BN, DwT, BK>;
+  auto kernel = gmm_ws_dw_kernel<BN, DwT, BK, Epi>;
   MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
+  kernel<<<static_cast<unsigned>(grid), kThreads, C::kSmem, stream_of(ctx)>>>(ma, mb, p, epi);
+  check_launch(op);
+}
+
+// x [N, K], dy [N, M]; dw [E, M, K]; per-tile partials of the sum of squares into `partial` (or null).
+template <int BN, typename DwT, int BK>
+void launch_dw(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, int E, int64_t N, int64_t K,
+               int64_t M, void* dw, bool accumulate, double* partial) {
+  const Params p = dw_params<BN>(off, E, K, M, dw, accumulate, partial);
   const int64_t bound = static_cast<int64_t>(E) * p.nmt * p.ncol, sms = dw_sm_count(ctx);
   const int64_t grid = bound < sms ? (bound > 0 ? bound : 1) : sms;
-  kernel<<<static_cast<unsigned>(grid), kThreads, C::kSmem, stream_of(ctx)>>>(ma, mb, p);
-  check_launch("grouped_matmul_backward");
+  launch_dw_kernel<BN, DwT, BK>(ctx, x, dy, N, K, M, p, StoreEpilogue{}, grid, "grouped_matmul_backward");
 }
 
 // Per-tile partials of the sum of squares that dispatch_dw writes (size of the `partial` buffer).
