@@ -22,6 +22,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/grouped_gemm_wgmma.cuh"
 #include "kernels/cuda/grouped_gemm_ws_dw.cuh"
+#include "dw_harness.cuh"
 #ifdef MT_DW_OLD
 #include "kernels/cuda/grouped_gemm_ws_dw_old.cuh"
 constexpr bool kHaveOld = true;
@@ -36,20 +37,9 @@ namespace mc = moetrain::cuda;
 
 static int g_fail = 0;
 
-__device__ __forceinline__ float unit_hash(uint64_t i, uint64_t seed) {
-  uint64_t z = (i + 1) * 0x9E3779B97F4A7C15ull ^ (seed * 0xC2B2AE3D27D4EB4Full);
-  z = (z ^ (z >> 33)) * 0xFF51AFD7ED558CCDull;
-  z = (z ^ (z >> 29)) * 0xC4CEB9FE1A85EC53ull;
-  z ^= z >> 32;
-  return static_cast<float>(z >> 40) * (1.0f / 8388608.0f) - 1.0f;
-}
-__global__ void fill_bf16(bf16* p, int64_t n, uint64_t seed, float scale, int64_t nan_from) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-    p[i] = i >= nan_from ? __float2bfloat16_rn(NAN) : __float2bfloat16_rn(unit_hash(i, seed) * scale);
-}
 __global__ void fill_f32(float* p, int64_t n, uint64_t seed, float scale) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-    p[i] = unit_hash(i, seed) * scale;
+    p[i] = unit(i, seed) * scale;
 }
 // Zeros and tiny values in dw for the sums of squares: x[:, j] = 0 for j % 7 == 3, x[:, j] *= 2^-64 for
 // j % 5 == 0, dy[:, i] *= 2^-62 for i % 3 == 0 (products down to f32 / bf16 subnormals).
@@ -95,45 +85,6 @@ __global__ void ref_check(const bf16* x, const bf16* dy, const int32_t* off, int
   if (nn) atomicAdd(nans, nn);
 }
 
-struct Prob {
-  const char* tag;
-  int E;
-  int64_t N, K, M;
-  std::vector<int32_t> off;
-  bf16 *x = nullptr, *dy = nullptr;
-  int32_t* doff = nullptr;
-};
-
-Prob make(const char* tag, const std::vector<int64_t>& counts, int64_t N, int64_t K, int64_t M) {
-  Prob p{tag, (int)counts.size(), N, K, M};
-  p.off.assign(p.E + 1, 0);
-  for (int e = 0; e < p.E; ++e) p.off[e + 1] = p.off[e] + (int32_t)counts[e];
-  if (p.off[p.E] > N) { std::fprintf(stderr, "bad problem %s\n", tag); std::exit(2); }
-  CK(cudaMalloc(&p.x, N * K * 2 + 16));
-  CK(cudaMalloc(&p.dy, N * M * 2 + 16));
-  CK(cudaMalloc(&p.doff, (p.E + 1) * 4));
-  CK(cudaMemcpy(p.doff, p.off.data(), (p.E + 1) * 4, cudaMemcpyHostToDevice));
-  // rows past offsets[E] are NaN: a kernel that reads them into a sum fails the check
-  fill_bf16<<<1024, 256>>>(p.x, N * K, 11, 1.0f, (int64_t)p.off[p.E] * K);
-  fill_bf16<<<1024, 256>>>(p.dy, N * M, 12, 1.0f, (int64_t)p.off[p.E] * M);
-  CK(cudaGetLastError());
-  return p;
-}
-void release(Prob& p) { CK(cudaFree(p.x)); CK(cudaFree(p.dy)); CK(cudaFree(p.doff)); }
-
-std::vector<int64_t> routed(int64_t T, int topk, int E, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int64_t> counts(E, 0);
-  std::vector<int> perm(E);
-  for (int64_t t = 0; t < T; ++t) {
-    for (int e = 0; e < E; ++e) perm[e] = e;
-    for (int i = 0; i < topk; ++i) {
-      std::swap(perm[i], perm[i + (int)(rng() % (E - i))]);
-      ++counts[perm[i]];
-    }
-  }
-  return counts;
-}
 
 // impl 0: wgmma (cp.async); 1: ws default; 2: ws other BK; 3: the old ws kernel (MT_DW_OLD), default.
 const char* impl_name(int impl) { return impl == 0 ? "wgmma" : impl == 1 ? "ws v0" : impl == 2 ? "ws v1" : "ws old v0"; }

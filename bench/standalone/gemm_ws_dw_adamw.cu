@@ -23,6 +23,7 @@
 #include "core/context.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/grouped_gemm_ws_dw_adamw.cuh"
+#include "dw_harness.cuh"
 #ifdef MT_DW_OLD
 #include "kernels/cuda/grouped_gemm_ws_dw_adamw_old.cuh"
 #endif
@@ -36,15 +37,6 @@ namespace am = moetrain::adamw_math;
 
 static int g_fail = 0;
 
-__device__ __forceinline__ uint64_t mix(uint64_t i, uint64_t seed) {
-  uint64_t z = (i + 1) * 0x9E3779B97F4A7C15ull ^ (seed * 0xC2B2AE3D27D4EB4Full);
-  z = (z ^ (z >> 33)) * 0xFF51AFD7ED558CCDull;
-  z = (z ^ (z >> 29)) * 0xC4CEB9FE1A85EC53ull;
-  return z ^ (z >> 32);
-}
-__device__ __forceinline__ float unit(uint64_t i, uint64_t seed) {  // uniform in [-1, 1)
-  return static_cast<float>(mix(i, seed) >> 40) * (1.0f / 8388608.0f) - 1.0f;
-}
 __device__ __forceinline__ float normal(uint64_t i, uint64_t seed) {
   const uint64_t z = mix(i, seed);
   const float u1 = (static_cast<float>(z >> 40) + 1.0f) * (1.0f / 16777216.0f);
@@ -84,44 +76,6 @@ int64_t ndiff(const void* a, const void* b, int64_t bytes) {
   return static_cast<int64_t>(h);
 }
 
-struct Prob {
-  const char* tag;
-  int E;
-  int64_t N, K, M;
-  std::vector<int32_t> off;
-  bf16 *x = nullptr, *dy = nullptr;
-  int32_t* doff = nullptr;
-};
-
-Prob make(const char* tag, const std::vector<int64_t>& counts, int64_t N, int64_t K, int64_t M) {
-  Prob p{tag, (int)counts.size(), N, K, M};
-  p.off.assign(p.E + 1, 0);
-  for (int e = 0; e < p.E; ++e) p.off[e + 1] = p.off[e] + (int32_t)counts[e];
-  if (p.off[p.E] > N) { std::fprintf(stderr, "bad problem %s\n", tag); std::exit(2); }
-  CK(cudaMalloc(&p.x, N * K * 2 + 16));
-  CK(cudaMalloc(&p.dy, N * M * 2 + 16));
-  CK(cudaMalloc(&p.doff, (p.E + 1) * 4));
-  CK(cudaMemcpy(p.doff, p.off.data(), (p.E + 1) * 4, cudaMemcpyHostToDevice));
-  // rows past offsets[E] are NaN: a kernel that reads them into a sum fails the check
-  fill_h<uint16_t>(p.x, N * K, 11, 1.0f, 0, (int64_t)p.off[p.E] * K);
-  fill_h<uint16_t>(p.dy, N * M, 12, 1.0f, 0, (int64_t)p.off[p.E] * M);
-  return p;
-}
-void release(Prob& p) { CK(cudaFree(p.x)); CK(cudaFree(p.dy)); CK(cudaFree(p.doff)); }
-
-std::vector<int64_t> routed(int64_t T, int topk, int E, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int64_t> counts(E, 0);
-  std::vector<int> perm(E);
-  for (int64_t t = 0; t < T; ++t) {
-    for (int e = 0; e < E; ++e) perm[e] = e;
-    for (int i = 0; i < topk; ++i) {
-      std::swap(perm[i], perm[i + (int)(rng() % (E - i))]);
-      ++counts[perm[i]];
-    }
-  }
-  return counts;
-}
 
 // A precision configuration: grad, master, m, v stored bf16 (else f32); compute copy (bf16) or none.
 struct Conf {
