@@ -257,10 +257,10 @@ int main(int argc, char** argv) {
   ctx.facts_.cc_major = prop.major;
   ctx.facts_.cc_minor = prop.minor;
   std::printf("device %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
-  // variant: 0 = default, 4 = the other walk depth
-  const std::vector<int> all_vars = {0, 4};
-  const std::vector<int> time_vars = {0, 4};
-  if (part != "shapes") {
+  // variant: 0 = default, 4 = the other walk depth, 8 = first batch fetched after the mainloop
+  const std::vector<int> all_vars = {0, 4, 8, 12};
+  const std::vector<int> time_vars = {0, 4, 8, 12};
+  if (part != "shapes" && part != "tiny") {
     std::vector<Prob> edges;
     edges.push_back(make("uneven", {0, 1, 1000, 0, 64, 65, 128, 129, 255, 257, 3, 0}, 2300, 264, 200));
     edges.push_back(make("empty+tail", {0, 300, 1, 0, 130}, 500, 200, 136));
@@ -277,6 +277,35 @@ int main(int argc, char** argv) {
       check(ctx, p, kDefault, true, false, false, {0});
       release(p);
     }
+  }
+  if (part == "tiny") {  // magnitudes like the proxy model's: tiny gradients and moments
+    const std::vector<int64_t> counts = routed(4096, 8, 128, 42);
+    Prob p = make("gate_up", counts, 32768, 2048, 1536);
+    fill_bf16<<<1024, 256>>>(p.dy, p.N * p.M, 12, 1e-6f, INT64_MAX);
+    const int64_t n = (int64_t)p.E * p.M * p.K;
+    for (int mag = 0; mag < 2; ++mag) {
+      State st = alloc_state(kAllBf16, n);
+      init_state(kAllBf16, n, st, 7);
+      if (mag) {
+        fill_h<uint16_t>(st.m, n, 8, 1e-7f, 1);
+        fill_h<uint16_t>(st.v, n, 9, 3e-7f, 2);
+      }
+      void* grad;
+      CK(cudaMalloc(&grad, n * 2));
+      double* part;
+      CK(cudaMalloc(&part, gwd::dw_adamw_tiles(p.E, p.K, p.M, true) * 8));
+      Opt o{am::make_consts(1e-4f, 0.9f, 0.999f, 1e-8f, 0.1f, 5, 1.0f), true, 99, 3};
+      const gwd::DwAdamWArgs a = args_for(kAllBf16, st, nullptr, o);
+      std::printf("| tiny dy, %s moments | unfused %8.3f | fused v0 %8.3f | fused v8 %8.3f |\n", mag ? "tiny" : "O(1e-2)",
+                  time_ms([&] { run_unfused(ctx, p, kAllBf16, st, grad, false, part, o); }, reps),
+                  time_ms([&] { gwd::dispatch_dw_adamw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, a, part, 0); }, reps),
+                  time_ms([&] { gwd::dispatch_dw_adamw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, a, part, 8); }, reps));
+      free_state(st);
+      CK(cudaFree(grad));
+      CK(cudaFree(part));
+    }
+    release(p);
+    return 0;
   }
   if (part != "edges") {
     struct S { const char* tag; int64_t K, M; };
@@ -298,9 +327,9 @@ int main(int argc, char** argv) {
     }
     for (S s : {S{"gate_up", 2048, 1536}, S{"down", 768, 2048}}) {
       Prob p = make(s.tag, counts, 32768, s.K, s.M);
-      check(ctx, p, kAllBf16, false, true, true, {0, 4});
+      check(ctx, p, kAllBf16, false, true, true, {0, 4, 8, 12});
       check(ctx, p, kAllBf16, true, false, true, {0});
-      check(ctx, p, kDefault, true, false, true, {0, 4});
+      check(ctx, p, kDefault, true, false, true, {0, 4, 8});
       check(ctx, p, kDefault, false, false, false, {0});
       check(ctx, p, kMixed, false, false, true, {0});
       const int64_t n = (int64_t)p.E * p.M * p.K;

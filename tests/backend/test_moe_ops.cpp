@@ -209,7 +209,8 @@ TEST(Backend, GroupedMatmul) {
       // Overwrite mode (the first micro-batch of a step): dw starts as NaN and must be fully written,
       // zeros for experts without rows; f32 and bf16 gradients. Each mode also sums the squares of
       // the final dw (on Hopper in the dW epilogue): against sum_squares of the GPU's own dw (the
-      // same values: only the summation order differs) and against the CPU op's sum.
+      // same values: the summation order differs, and the Hopper epilogue adds groups of four squares
+      // in f32, a relative error below 2e-7) and against the CPU op's sum.
       if (dt == DType::kBF16) {
         for (DType gdt : {DType::kF32, DType::kBF16}) {
           for (bool acc : {false, true}) {
@@ -224,7 +225,7 @@ TEST(Backend, GroupedMatmul) {
             device_sync();
             const double fused = ssg.to(Device::cpu()).data<double>()[0] - 0.5;
             const double reread = ops::sum_squares(gpu_ctx(), dwo.gpu);
-            check_scalar("grouped_matmul_backward", "sum of squares, fused vs sum_squares, " + what, fused, reread, 1e-9);
+            check_scalar("grouped_matmul_backward", "sum of squares, fused vs sum_squares, " + what, fused, reread, 1e-6);
             check_scalar("grouped_matmul_backward", "sum of squares vs CPU, " + what, fused,
                          ssc.data<double>()[0] - 0.5, gdt == DType::kBF16 ? 2 * kTolBf16 : 1e-4);
           }

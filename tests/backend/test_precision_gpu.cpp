@@ -74,6 +74,48 @@ TEST(BackendPrecision, AdamWEveryDtypeCombinationIsBitExact) {
   check_scalar("adamw_step", "combinations bit-exact (" + std::to_string(cases) + ")", failures, 0.0, 0.0);
 }
 
+// Non-finite values in the stored bf16 results: NaN (of either sign, any payload) is stored as the
+// canonical 0x7fff on both sides (the GPU's hardware conversion), infinities as infinities.
+TEST(BackendPrecision, AdamWNonFiniteValuesAreBitExact) {
+  MT_REQUIRE_GPU();
+  const DType F = DType::kF32, B = DType::kBF16;
+  const int64_t n = 4096 + 24;
+  const float inf = INFINITY;
+  int failures = 0;
+  for (DType gd : {F, B})
+    for (bool sr : {false, true}) {
+      auto gv = randn(n, 84), wv = randn(n, 85, 0.05f), mv = randn(n, 86, 0.1f), vv = randn(n, 87, 1e-2f);
+      for (auto& x : vv) x = x * x;
+      const float specials[] = {NAN, -NAN, inf, -inf, 3e38f, -3e38f, 1e-40f};
+      for (int64_t i = 0; i < n; i += 97) {
+        const float s = specials[(i / 97) % 7];
+        ((i / 97) % 3 == 0 ? gv : (i / 97) % 3 == 1 ? wv : mv)[static_cast<size_t>(i)] = s;
+      }
+      uint32_t payload = 0x7fc01234u;  // a NaN with a payload, as bits
+      float pnan;
+      std::memcpy(&pnan, &payload, 4);
+      gv[5] = pnan;
+      Twin w = twin(wv, B, 0), g = twin(gv, gd, 0), m = twin(mv, B, 0), v = twin(vv, B, 0);
+      ops::AdamWParams p;
+      p.lr = 3e-3f, p.weight_decay = 0.1f, p.grad_scale = 0.7f, p.stochastic_rounding = sr;
+      p.step = 1;
+      p.rng = gpu_ctx().rng(0x520000 + 4, 1);
+      Tensor no_gpu, no_cpu;
+      ops::adamw_step(gpu_ctx(), w.gpu, g.gpu, m.gpu, v.gpu, p, no_gpu);
+      cpu::adamw_step(cpu_ctx(), w.cpu, g.cpu, m.cpu, v.cpu, p, no_cpu);
+      device_sync();
+      const bool ok = same_bits(w.cpu, w.gpu) && same_bits(m.cpu, m.gpu) && same_bits(v.cpu, v.gpu);
+      if (!ok) {
+        ++failures;
+        ADD_FAILURE() << "adamw_step with non-finite values differs from the CPU twin: g " << dt_name(gd)
+                      << (sr ? " stochastic" : " nearest");
+      }
+      const uint16_t* wb = static_cast<const uint16_t*>(w.cpu.data_ptr());
+      EXPECT_EQ(wb[5], 0x7fffu) << "a NaN gradient gives the canonical NaN weight";
+    }
+  check_scalar("adamw_step", "non-finite values bit-exact (4 cases)", failures, 0.0, 0.0);
+}
+
 TEST(BackendPrecision, SumSquaresAccumulateMatchesCpu) {
   MT_REQUIRE_GPU();
   for (int64_t n : {int64_t{1}, int64_t{1001}, int64_t{65536 * 5 + 3}})

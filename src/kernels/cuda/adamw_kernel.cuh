@@ -48,10 +48,8 @@ __device__ __forceinline__ void store8_bits(uint16_t* p, const uint16_t (&b)[8])
   *reinterpret_cast<uint4*>(p) = u;
 }
 __device__ __forceinline__ void store8(uint16_t* p, const float (&x)[8]) {
-  uint16_t b[8];
-#pragma unroll
-  for (int j = 0; j < 8; ++j) b[j] = am::bf16_rne(x[j]);
-  store8_bits(p, b);
+  *reinterpret_cast<uint4*>(p) = make_uint4(am::bf16x2_rne(x[0], x[1]), am::bf16x2_rne(x[2], x[3]),
+                                            am::bf16x2_rne(x[4], x[5]), am::bf16x2_rne(x[6], x[7]));
 }
 
 // New weight -> stored weight (and its f32 value for the compute copy).

@@ -419,7 +419,7 @@ __global__ void __launch_bounds__(kThreads, 1) gmm_wgmma_dw_kernel(const Args g,
       }
       // Sum of squares of the values as stored, over the tile's in-range part (rows past ci and
       // columns past cj of the staging tile hold stale data).
-      double ss = 0.0;
+      wg::SumSq4 sq;  // the same chains and order as grouped_gemm_ws_dw.cuh's stage_tile
       const int64_t col0 = ctile.j0 * BN + fcol;
       const bool row_in[2] = {ctile.i0 + frow < g.ci, ctile.i0 + frow + 8 < g.ci};
       if constexpr (sizeof(DwT) == 4) {
@@ -427,16 +427,23 @@ __global__ void __launch_bounds__(kThreads, 1) gmm_wgmma_dw_kernel(const Args g,
         for (int h = 0; h < 2; ++h) {
           unsigned char* rp = out_p + (frow + 8 * h) * C::kPitch;
 #pragma unroll
-          for (int j = 0; j < BN / 8; ++j) {
-            float2* p = reinterpret_cast<float2*>(rp + (fcol + 8 * j) * 4);
-            float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
-            if (accumulate) {
-              const float2 o = *p;
-              v0 = o.x + v0;
-              v1 = o.y + v1;
+          for (int j = 0; j < BN / 8; j += 2) {
+            float s4[4];  // column blocks j and j + 1, 0 past the edge (stage_tile's groups)
+#pragma unroll
+            for (int jj = 0; jj < 2; ++jj) {
+              float2* p = reinterpret_cast<float2*>(rp + (fcol + 8 * (j + jj)) * 4);
+              float v0 = acc[4 * (j + jj) + 2 * h], v1 = acc[4 * (j + jj) + 2 * h + 1];
+              if (accumulate) {
+                const float2 o = *p;
+                v0 = o.x + v0;
+                v1 = o.y + v1;
+              }
+              *p = make_float2(v0, v1);
+              const bool in = row_in[h] && col0 + 8 * (j + jj) < g.cj;
+              s4[2 * jj] = in ? v0 : 0.0f;
+              s4[2 * jj + 1] = in ? v1 : 0.0f;
             }
-            *p = make_float2(v0, v1);
-            if (g.ss && row_in[h] && col0 + 8 * j < g.cj) ss += static_cast<double>(v0) * v0 + static_cast<double>(v1) * v1;
+            if (g.ss) sq.add4((j >> 1) & 3, s4[0], s4[1], s4[2], s4[3]);
           }
         }
       } else {
@@ -463,17 +470,23 @@ __global__ void __launch_bounds__(kThreads, 1) gmm_wgmma_dw_kernel(const Args g,
           const uint32_t p[4] = {mma::pack_bf16(v[0], v[1]), mma::pack_bf16(v[2], v[3]), mma::pack_bf16(v[4], v[5]),
                                  mma::pack_bf16(v[6], v[7])};
           wg::stmatrix_x4(rowaddr + j * 16, p[0], p[1], p[2], p[3]);
-          if (g.ss) {  // p[i]: row frow + 8 (i & 1), column block j + (i >> 1)
+          if (g.ss) {  // p[i]: row frow + 8 (i & 1), column block j + (i >> 1); stage_tile's groups
+            float f[8];
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-              if (!row_in[i & 1] || col0 + 8 * (j + (i >> 1)) >= g.cj) continue;
-              const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&p[i]));
-              ss += static_cast<double>(f.x) * f.x + static_cast<double>(f.y) * f.y;
+              const bool in = row_in[i & 1] && col0 + 8 * (j + (i >> 1)) < g.cj;
+              const float2 x2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&p[i]));
+              f[2 * i] = in ? x2.x : 0.0f;
+              f[2 * i + 1] = in ? x2.y : 0.0f;
             }
+            const int c2 = 2 * ((j >> 1) & 1);
+            sq.add4(c2, f[0], f[1], f[4], f[5]);
+            sq.add4(c2 + 1, f[2], f[3], f[6], f[7]);
           }
         }
       }
       if (g.ss) {  // warp sums here; thread 0 adds the 8 after the barrier below, in warp order
+        double ss = sq.total();
         for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
         if (lane == 0) s_red[warp] = ss;
       }

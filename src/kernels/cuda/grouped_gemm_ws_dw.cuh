@@ -184,39 +184,40 @@ __device__ __forceinline__ void mainloop(float (&acc)[BN / 2], const Tile& x, ui
 // Consumers: the tile's fragments (+ the old rows the store warps loaded into the staging tile, when
 // accumulating; added in f32) rounded to DwT into the staging tile. Consumer warp w (0..7) holds rows
 // 16 w + lane / 4 and + 8 of the tile.
-// ss + a^2 + b^2 as the fragment epilogue's `ss += double(a) * a + double(b) * b` compiles (b * b,
-// fma with a * a, then the add), written out so that every copy rounds the same way.
-__device__ __forceinline__ double add_sq2(double ss, float a, float b) {
-  const double da = a, db = b;
-  return __dadd_rn(ss, __fma_rn(da, da, __dmul_rn(db, db)));
-}
-
 // Consumer warp `warp` rounds its fragment of the tile into the staging tile (= or, with
 // `accumulate`, added to the old rows loaded there). With red non-null it also sums the squares of
-// the stored values of its rows < nrows, columns < ncols (per thread in fragment order, then an xor
-// butterfly) into red[warp]: the per-warp partials of the tile's sum of squares.
+// the stored values of its rows < nrows, columns < ncols (per thread: groups of four in fragment
+// order over the four chains of wg::SumSq4, then an xor butterfly) into red[warp]: the per-warp
+// partials of the tile's sum of squares.
 template <int BN, typename DwT, int kPitch>
 __device__ __forceinline__ void stage_tile(const float (&acc)[BN / 2], bool accumulate, uint32_t sout,
                                            unsigned char* out_p, int lane, int warp, double* red, int nrows,
                                            int ncols) {
   const int frow = 16 * warp + (lane >> 2), fcol = 2 * (lane & 3);
   const bool row_in[2] = {frow < nrows, frow + 8 < nrows};
-  double ss = 0.0;
+  wg::SumSq4 sq;
   if constexpr (sizeof(DwT) == 4) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       unsigned char* rp = out_p + (frow + 8 * h) * kPitch;
 #pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
-        float2* q = reinterpret_cast<float2*>(rp + (fcol + 8 * j) * 4);
-        float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
-        if (accumulate) {
-          const float2 o = *q;
-          v0 = o.x + v0;
-          v1 = o.y + v1;
+      for (int j = 0; j < BN / 8; j += 2) {
+        float s4[4];  // the stored values of column blocks j and j + 1 (0 past the edge)
+#pragma unroll
+        for (int jj = 0; jj < 2; ++jj) {
+          float2* q = reinterpret_cast<float2*>(rp + (fcol + 8 * (j + jj)) * 4);
+          float v0 = acc[4 * (j + jj) + 2 * h], v1 = acc[4 * (j + jj) + 2 * h + 1];
+          if (accumulate) {
+            const float2 o = *q;
+            v0 = o.x + v0;
+            v1 = o.y + v1;
+          }
+          *q = make_float2(v0, v1);
+          const bool in = row_in[h] && fcol + 8 * (j + jj) < ncols;
+          s4[2 * jj] = in ? v0 : 0.0f;
+          s4[2 * jj + 1] = in ? v1 : 0.0f;
         }
-        *q = make_float2(v0, v1);
-        if (red && row_in[h] && fcol + 8 * j < ncols) ss = add_sq2(ss, v0, v1);
+        if (red) sq.add4((j >> 1) & 3, s4[0], s4[1], s4[2], s4[3]);
       }
     }
   } else {
@@ -241,15 +242,22 @@ __device__ __forceinline__ void stage_tile(const float (&acc)[BN / 2], bool accu
       const uint32_t w[4] = {mma::pack_bf16(v[0], v[1]), mma::pack_bf16(v[2], v[3]), mma::pack_bf16(v[4], v[5]),
                              mma::pack_bf16(v[6], v[7])};
       wg::stmatrix_x4(rowaddr + j * 16, w[0], w[1], w[2], w[3]);
-      if (red) {
+      if (red) {  // groups: w[0], w[2] (row frow) and w[1], w[3] (row frow + 8); 0 past the edge
+        float f[8];
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
-          if (row_in[i & 1] && fcol + 8 * (j + (i >> 1)) < ncols)
-            ss = add_sq2(ss, __uint_as_float(w[i] << 16), __uint_as_float(w[i] & 0xffff0000u));
+        for (int i = 0; i < 4; ++i) {
+          const bool in = row_in[i & 1] && fcol + 8 * (j + (i >> 1)) < ncols;
+          f[2 * i] = in ? __uint_as_float(w[i] << 16) : 0.0f;
+          f[2 * i + 1] = in ? __uint_as_float(w[i] & 0xffff0000u) : 0.0f;
+        }
+        const int c2 = 2 * ((j >> 1) & 1);
+        sq.add4(c2, f[0], f[1], f[4], f[5]);
+        sq.add4(c2 + 1, f[2], f[3], f[6], f[7]);
       }
     }
   }
   if (red) {
+    double ss = sq.total();
     for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
     if (lane == 0) red[warp] = ss;
   }
@@ -301,11 +309,15 @@ __device__ __forceinline__ void empty_tile_sums(const Params& p, const int32_t* 
 // Epilogue policy of dispatch_dw: the store warps write each staged tile to dw; experts without rows
 // get dw = 0 in = mode (the old dw stays in += mode). A policy has: kStore (store warps write the
 // staged tile to p.c), kWalk (the consumers call walk() on the complete staged tile before releasing
-// it) and empty_experts() (consumers, after the main loop).
+// it), Pending (what a consumer thread loads ahead for its walk: fetch() issues those loads, before
+// the tile's mainloop when kEarly, else after it) and empty_experts() (consumers, after the main loop).
 struct StoreEpilogue {
-  static constexpr bool kStore = true, kWalk = false;
+  static constexpr bool kStore = true, kWalk = false, kEarly = false;
+  struct Pending {};
+  template <int BN>
+  __device__ void fetch(const Params&, const Tile&, int, Pending&) const {}
   template <int BN, typename DwT, int kPitch>
-  __device__ void walk(const Params&, const Tile&, const unsigned char*, int) const {}
+  __device__ void walk(const Params&, const Tile&, const unsigned char*, int, Pending&) const {}
   template <typename DwT>
   __device__ void empty_experts(const Params& p, const int32_t* s_off, int ctid) const {
     if (p.accumulate) return;
@@ -416,11 +428,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   int stage = 0;
   uint32_t phase = 0, rphase = 0, cit = 0;
   float acc[BN / 2];
+  typename Epi::Pending pend;
   for (int64_t t = seek(blockIdx.x); t < total; t = seek(t + stride)) {
     const Tile x = decode<BN, BK>(p, s_off, t);
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;  // dead between tiles (the first wgmma ignores them)
+    if constexpr (Epi::kWalk && Epi::kEarly) epi.template fetch<BN>(p, x, ctid, pend);
     mainloop<C, BN, BK>(acc, x, base, full0, empty0, stage, phase, ctid, cw, lane);
+    if constexpr (Epi::kWalk && !Epi::kEarly) epi.template fetch<BN>(p, x, ctid, pend);
     wg::mbar_wait(sready, rphase);
     rphase ^= 1u;
     const int nrows = static_cast<int>(p.ci - x.i0 < kBM ? p.ci - x.i0 : kBM);
@@ -430,7 +445,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wg::fence_proxy_async();  // staging writes, before the store warps' bulk stores read them
     if constexpr (Epi::kWalk) {
       consumers_sync();
-      epi.template walk<BN, DwT, C::kPitch>(p, x, out_p, ctid);
+      epi.template walk<BN, DwT, C::kPitch>(p, x, out_p, ctid, pend);
       wg::fence_proxy_async();  // the walk's reads, before the next tile's bulk loads into the staging tile
     }
     wg::mbar_arrive(sfull);

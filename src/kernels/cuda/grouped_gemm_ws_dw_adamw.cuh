@@ -120,57 +120,85 @@ __device__ __forceinline__ void widen8(const Raw8<T>& r, float (&x)[8]) {
 template <typename GT>
 using GStore = std::conditional_t<std::is_same_v<GT, float>, float, uint16_t>;
 
-// AdamW of up to U 8-element vectors idx = first + step * u of a staged g tile (row-major, BN / 8
-// vectors per staged row of kPitch bytes; rows x nvr of them are real): all global loads first.
-template <int BN, typename GT, int kPitch, typename W, typename MT, typename VT, int U>
-__device__ __forceinline__ void walk(const AdamWParams& a, const unsigned char* tile, int64_t gbase, int64_t cj,
-                                     int rows, int nvr, int first, int step) {
+// Where a tile's walk goes: 8-element vectors idx = 0 .. nvec - 1 of the staged tile, row-major,
+// BN / 8 per staged row, of which the first nvr are real columns; vector idx updates the elements
+// from gbase + (idx / (BN / 8)) * cj + (idx % (BN / 8)) * 8.
+struct WalkGeom {
+  int64_t gbase, cj;
+  int nvec, nvr;
+};
+template <int BN>
+__device__ __forceinline__ WalkGeom walk_geom(const Params& p, const Tile& x) {
+  const int rows = static_cast<int>(p.ci - x.i0 < kBM ? p.ci - x.i0 : kBM);
+  const int nvr = static_cast<int>((p.cj - x.j0 * BN < BN ? p.cj - x.j0 * BN : BN) / 8);
+  return {(x.e * p.ci + x.i0) * p.cj + x.j0 * BN, p.cj, rows * (BN / 8), nvr};
+}
+
+// The raw w, m, v words of U vectors (first + 256 u) a consumer thread loads ahead of their g.
+template <typename W, typename MT, typename VT, int U>
+struct Batch {
+  Raw8<W> w[U];
+  Raw8<MT> m[U];
+  Raw8<VT> v[U];
+};
+
+template <int BN, typename W, typename MT, typename VT, int U>
+__device__ __forceinline__ void fetch_batch(const AdamWParams& a, const WalkGeom& g, int first, Batch<W, MT, VT, U>& q) {
   constexpr int kVR = BN / 8;
-  using GS = GStore<GT>;
-  const int nvec = rows * kVR;
-  Raw8<W> wr[U];
-  Raw8<MT> mr[U];
-  Raw8<VT> vr[U];
-  bool ok[U];
-  int64_t gi[U];
 #pragma unroll
   for (int u = 0; u < U; ++u) {
-    const int idx = first + step * u, c = idx % kVR;
-    ok[u] = idx < nvec && c < nvr;
-    gi[u] = gbase + static_cast<int64_t>(idx / kVR) * cj + c * 8;
-    if (ok[u]) {
-      wr[u] = ld8(static_cast<const W*>(a.w) + gi[u]);
-      mr[u] = ld8(static_cast<const MT*>(a.m) + gi[u]);
-      vr[u] = ld8(static_cast<const VT*>(a.v) + gi[u]);
+    const int idx = first + 256 * u, c = idx % kVR;
+    if (idx < g.nvec && c < g.nvr) {
+      const int64_t gi = g.gbase + static_cast<int64_t>(idx / kVR) * g.cj + c * 8;
+      q.w[u] = ld8(static_cast<const W*>(a.w) + gi);
+      q.m[u] = ld8(static_cast<const MT*>(a.m) + gi);
+      q.v[u] = ld8(static_cast<const VT*>(a.v) + gi);
     }
   }
+}
+
+// AdamW of the batch's vectors from their staged g (the tile row-major at kPitch bytes per row).
+template <int BN, typename GT, int kPitch, typename W, typename MT, typename VT, int U>
+__device__ __forceinline__ void apply_batch(const AdamWParams& a, const unsigned char* tile, const WalkGeom& g,
+                                            int first, const Batch<W, MT, VT, U>& q) {
+  constexpr int kVR = BN / 8;
+  using GS = GStore<GT>;
 #pragma unroll
   for (int u = 0; u < U; ++u) {
-    if (!ok[u]) continue;
-    const int idx = first + step * u;
+    const int idx = first + 256 * u, c = idx % kVR;
+    if (idx >= g.nvec || c >= g.nvr) continue;
     float gf[8], wf[8], mf[8], vf[8];
-    widen8(ld8(reinterpret_cast<const GS*>(tile + (idx / kVR) * kPitch) + (idx % kVR) * 8), gf);
-    widen8(wr[u], wf);
-    widen8(mr[u], mf);
-    widen8(vr[u], vf);
-    apply8<W, MT, VT>(a, gi[u], gf, wf, mf, vf);
+    widen8(ld8(reinterpret_cast<const GS*>(tile + (idx / kVR) * kPitch) + c * 8), gf);
+    widen8(q.w[u], wf);
+    widen8(q.m[u], mf);
+    widen8(q.v[u], vf);
+    apply8<W, MT, VT>(a, g.gbase + static_cast<int64_t>(idx / kVR) * g.cj + c * 8, gf, wf, mf, vf);
   }
 }
 
 // Epilogue policy of dispatch_dw_adamw (gmm_ws_dw_kernel): the consumers walk each staged g tile,
-// nothing is stored; experts without rows get the update from g = prior (or 0).
-template <typename W, typename MT, typename VT, int U>
+// nothing is stored; experts without rows get the update from g = prior (or 0). Each consumer
+// thread keeps U vectors' w, m, v loads in flight ahead of the ones it updates: the first batch is
+// fetched around the mainloop (before it when kEarly), each next one before the current is applied.
+template <typename W, typename MT, typename VT, int U, bool Early = false>
 struct AdamWEpilogue {
-  static constexpr bool kStore = false, kWalk = true;
+  static constexpr bool kStore = false, kWalk = true, kEarly = Early;
+  using Pending = Batch<W, MT, VT, U>;
   AdamWParams a;
-  // AdamW over the staged tile: row-major 8-element vectors, U per thread in flight.
+  template <int BN>
+  __device__ void fetch(const Params& p, const Tile& x, int ctid, Pending& q) const {
+    fetch_batch<BN, W, MT, VT, U>(a, walk_geom<BN>(p, x), ctid, q);
+  }
   template <int BN, typename GT, int kPitch>
-  __device__ void walk(const Params& p, const Tile& x, const unsigned char* tile, int ctid) const {
-    const int rows = static_cast<int>(p.ci - x.i0 < kBM ? p.ci - x.i0 : kBM);
-    const int nvr = static_cast<int>((p.cj - x.j0 * BN < BN ? p.cj - x.j0 * BN : BN) / 8);
-    const int64_t gbase = (x.e * p.ci + x.i0) * p.cj + x.j0 * BN;
-    for (int b = ctid; b < rows * (BN / 8); b += 256 * U)
-      dwa::walk<BN, GT, kPitch, W, MT, VT, U>(a, tile, gbase, p.cj, rows, nvr, b, 256);
+  __device__ void walk(const Params& p, const Tile& x, const unsigned char* tile, int ctid, Pending& q) const {
+    const WalkGeom g = walk_geom<BN>(p, x);
+#pragma unroll 1
+    for (int b = ctid; b < g.nvec; b += 256 * U) {
+      Pending next;
+      if (b + 256 * U < g.nvec) fetch_batch<BN, W, MT, VT, U>(a, g, b + 256 * U, next);
+      apply_batch<BN, GT, kPitch, W, MT, VT, U>(a, tile, g, b, q);
+      q = next;
+    }
   }
   template <typename GT>
   __device__ void empty_experts(const Params& p, const int32_t* s_off, int ctid) const {
@@ -197,11 +225,11 @@ struct AdamWEpilogue {
   }
 };
 
-template <int BN, typename GT, int BK, typename W, typename MT, typename VT, int U>
+template <int BN, typename GT, int BK, typename W, typename MT, typename VT, int U, bool Early = false>
 void launch(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, int E, int64_t N, int64_t K, int64_t M,
             const DwAdamWArgs& args, double* partial) {
   const Params p = dw_params<BN>(off, E, K, M, const_cast<void*>(args.prior), args.prior != nullptr, partial);
-  AdamWEpilogue<W, MT, VT, U> epi{};
+  AdamWEpilogue<W, MT, VT, U, Early> epi{};
   epi.a.w = args.master;
   epi.a.m = args.m;
   epi.a.v = args.v;
@@ -236,21 +264,26 @@ inline bool dw_adamw_supported(const Context& ctx, int E, int64_t N, int64_t K, 
 // update of the [E, M, K] expert tensors from it, bit-identical to dispatch_dw(..., grad, grad_bf16,
 // prior != null, partial, 0) followed by adamw_kernel over the stored grad. partial (or null): per-tile
 // fp64 sums of squares of the stored-dtype g, dw_adamw_tiles entries, the same values as dispatch_dw's.
-// Returns false (launching nothing) when dw_adamw_supported is false. variant (benchmark knob): 4 = the
-// other walk depth (default: 2 vectors per thread in flight, measured fastest on H100; other: 4 for
-// all-bf16, 1 for f32). Bits 0-1 (the removed L2 prefetch modes, which measured no gain) are ignored.
+// Returns false (launching nothing) when dw_adamw_supported is false. variant (benchmark knob): bit 2
+// (4) = the other walk depth (default: 2 vectors per thread in flight, measured fastest on H100;
+// other: 4 for all-bf16, 1 for f32); bit 3 (8) = fetch a tile's first w, m, v after its mainloop
+// instead of before it (measured 2-4% slower). Bits 0-1 (removed L2 prefetch modes) are ignored.
 inline bool dispatch_dw_adamw(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, int E, int64_t N,
                               int64_t K, int64_t M, const DwAdamWArgs& a, double* partial, int variant = 0) {
   if (!dw_adamw_supported(ctx, E, N, K, M, a)) return false;
-  const int alt = (variant >> 2) & 1;
+  const int alt = (variant >> 2) & 1, early = !((variant >> 3) & 1);
   using u16 = uint16_t;
   if (a.grad_bf16 && a.master_bf16) {
-    if (alt) dwa::launch<256, bf16, 64, u16, u16, u16, 4>(ctx, x, dy, off, E, N, K, M, a, partial);
+    if (alt && early) dwa::launch<256, bf16, 64, u16, u16, u16, 4, true>(ctx, x, dy, off, E, N, K, M, a, partial);
+    else if (alt) dwa::launch<256, bf16, 64, u16, u16, u16, 4>(ctx, x, dy, off, E, N, K, M, a, partial);
+    else if (early) dwa::launch<256, bf16, 64, u16, u16, u16, 2, true>(ctx, x, dy, off, E, N, K, M, a, partial);
     else dwa::launch<256, bf16, 64, u16, u16, u16, 2>(ctx, x, dy, off, E, N, K, M, a, partial);
   } else if (a.grad_bf16) {
-    dwa::launch<256, bf16, 64, float, float, float, 2>(ctx, x, dy, off, E, N, K, M, a, partial);
+    if (early) dwa::launch<256, bf16, 64, float, float, float, 2, true>(ctx, x, dy, off, E, N, K, M, a, partial);
+    else dwa::launch<256, bf16, 64, float, float, float, 2>(ctx, x, dy, off, E, N, K, M, a, partial);
   } else {
-    if (alt) dwa::launch<128, float, 32, float, float, float, 1>(ctx, x, dy, off, E, N, K, M, a, partial);
+    if (alt) dwa::launch<128, float, 32, float, float, float, 1, true>(ctx, x, dy, off, E, N, K, M, a, partial);
+    else if (early) dwa::launch<128, float, 32, float, float, float, 2, true>(ctx, x, dy, off, E, N, K, M, a, partial);
     else dwa::launch<128, float, 32, float, float, float, 2>(ctx, x, dy, off, E, N, K, M, a, partial);
   }
   return true;

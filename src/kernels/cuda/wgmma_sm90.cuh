@@ -148,4 +148,21 @@ __device__ __forceinline__ void wgmma_bf16(float (&d)[kN / 2], uint64_t da, uint
   else wgmma_m64n128k16<kTA, kTB>(d, da, db, scale_d);
 }
 
+// The sum of squares of the stored values of a dW fragment (both dW epilogues): groups of four
+// squares are added in f32 (a bf16 value's square is exact in f32; a group rounds at most three
+// times, a relative error below 2e-7), then each group is widened once and added into one of four
+// interleaved fp64 chains. Widening every square to fp64 (one F2F per element, a quarter-rate
+// instruction) and a single dependent chain bounded the epilogue. Both kernels add the same groups
+// to the same chains in the same order and combine them as (c0 + c1) + (c2 + c3), so their per-tile
+// sums stay bit-equal. Values past the tile's edge are passed as 0 (they add nothing).
+struct SumSq4 {
+  double c[4] = {0.0, 0.0, 0.0, 0.0};
+  // chain i (0..3; a constant after unrolling) += a^2 + b^2 + c^2 + d^2
+  __device__ __forceinline__ void add4(int i, float a, float b, float x, float y) {
+    const float g = __fmaf_rn(a, a, __fmaf_rn(b, b, __fmaf_rn(x, x, __fmul_rn(y, y))));
+    c[i] = __dadd_rn(c[i], static_cast<double>(g));
+  }
+  __device__ __forceinline__ double total() const { return __dadd_rn(__dadd_rn(c[0], c[1]), __dadd_rn(c[2], c[3])); }
+};
+
 }  // namespace moetrain::cuda::wg
