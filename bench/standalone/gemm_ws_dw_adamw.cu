@@ -170,30 +170,6 @@ void run_unfused(Context& ctx, const Prob& p, const Conf& cf, const State& s, vo
   adamw_unfused(ctx, cf, s, grad, n, o.k, o.sr, o.key, o.counter);
 }
 
-// All-bf16 AdamW of elements [first, first + n) of the state from g (the slice's gradient), L2 mode kL2.
-template <int kL2>
-void adamw_slice(Context& ctx, const State& s, const void* g, int64_t first, int64_t n, const Opt& o) {
-  using u16 = uint16_t;
-  const int64_t chunks = (n + 7) / 8, blocks = std::min<int64_t>(std::max<int64_t>((chunks + 255) / 256, 1), 65536);
-  moetrain::cuda::adamw_detail::adamw_kernel<u16, u16, u16, u16, u16, true, kL2>
-      <<<static_cast<unsigned>(blocks), 256, 0, mc::stream_of(ctx)>>>(
-          static_cast<u16*>(s.w) + first, static_cast<const u16*>(g), static_cast<u16*>(s.m) + first,
-          static_cast<u16*>(s.v) + first, nullptr, n, o.k, o.sr, o.key, o.counter, first);
-  CK(cudaGetLastError());
-}
-// The unfused all-bf16 update in chunks of C experts: dW of the chunk into ws (C experts' worth), then
-// AdamW of that slice, so that the chunk's gradient can stay in L2 between the two (l2: kL2 mode).
-void run_chunked(Context& ctx, const Prob& p, const State& s, void* ws, double* part, const Opt& o, int C, int l2) {
-  const int64_t per = p.M * p.K, tpe = gwd::dw_adamw_tiles(1, p.K, p.M, true);
-  for (int e0 = 0; e0 < p.E; e0 += C) {
-    const int c = std::min(C, p.E - e0);
-    gwd::dispatch_dw(ctx, p.x, p.dy, p.doff + e0, c, p.N, p.K, p.M, ws, true, false, part ? part + e0 * tpe : nullptr, 0);
-    if (l2 == 0) adamw_slice<0>(ctx, s, ws, e0 * per, c * per, o);
-    else if (l2 == 1) adamw_slice<1>(ctx, s, ws, e0 * per, c * per, o);
-    else adamw_slice<2>(ctx, s, ws, e0 * per, c * per, o);
-  }
-}
-
 bool check(Context& ctx, const Prob& p, const Conf& cf, bool acc, bool sr, bool with_ss, std::vector<int> variants) {
   const int64_t n = (int64_t)p.E * p.M * p.K, gb = n * (cf.g16 ? 2 : 4);
   const int64_t tiles = gwd::dw_adamw_tiles(p.E, p.K, p.M, cf.g16);
@@ -284,7 +260,7 @@ int main(int argc, char** argv) {
   // variant: 0 = default, 4 = the other walk depth, 8 = first batch fetched after the mainloop
   const std::vector<int> all_vars = {0, 4, 8, 12};
   const std::vector<int> time_vars = {0, 4, 8, 12};
-  if (part != "shapes" && part != "tiny" && part != "chunk") {
+  if (part != "shapes" && part != "tiny") {
     std::vector<Prob> edges;
     edges.push_back(make("uneven", {0, 1, 1000, 0, 64, 65, 128, 129, 255, 257, 3, 0}, 2300, 264, 200));
     edges.push_back(make("empty+tail", {0, 300, 1, 0, 130}, 500, 200, 136));
@@ -301,50 +277,6 @@ int main(int argc, char** argv) {
       check(ctx, p, kDefault, true, false, false, {0});
       release(p);
     }
-  }
-  if (part == "chunk") {  // the unfused all-bf16 update in expert chunks: bits, then time
-    const std::vector<int64_t> counts = routed(4096, 8, 128, 42);
-    struct S { const char* tag; int64_t K, M; };
-    for (S sh : {S{"gate_up", 2048, 1536}, S{"down", 768, 2048}}) {
-      Prob p = make(sh.tag, counts, 32768, sh.K, sh.M);
-      const int64_t n = (int64_t)p.E * p.M * p.K, tiles = gwd::dw_adamw_tiles(p.E, p.K, p.M, true);
-      Opt o{am::make_consts(1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 1.0f), true, 99, 3};
-      State s0 = alloc_state(kAllBf16, n), sa = alloc_state(kAllBf16, n), sb = alloc_state(kAllBf16, n);
-      init_state(kAllBf16, n, s0, 7);
-      void *grad, *ws;
-      double *pa, *pb;
-      CK(cudaMalloc(&grad, n * 2));
-      CK(cudaMalloc(&ws, 8 * p.M * p.K * 2));
-      CK(cudaMalloc(&pa, tiles * 8));
-      CK(cudaMalloc(&pb, tiles * 8));
-      copy_state(kAllBf16, n, s0, sa);
-      run_unfused(ctx, p, kAllBf16, sa, grad, false, pa, o);
-      for (int l2 : {0, 2}) {
-        copy_state(kAllBf16, n, s0, sb);
-        run_chunked(ctx, p, sb, ws, pb, o, 4, l2);
-        CK(cudaDeviceSynchronize());
-        const int64_t d = ndiff(sa.w, sb.w, n * 2) + ndiff(sa.m, sb.m, n * 2) + ndiff(sa.v, sb.v, n * 2) +
-                          ndiff(pa, pb, tiles * 8);
-        std::printf("%s chunked C4 l2 %d: words differ %lld %s\n", sh.tag, l2, (long long)d, d ? "FAIL" : "PASS");
-        if (d) ++g_fail;
-      }
-      std::printf("| %s | unfused | %8.3f |\n", sh.tag,
-                  time_ms([&] { run_unfused(ctx, p, kAllBf16, sa, grad, false, pa, o); }, reps));
-      for (int C : {2, 4, 8})
-        for (int l2 : {0, 1, 2})
-          std::printf("| %s | chunked C%d l2 %d | %8.3f |\n", sh.tag, C, l2,
-                      time_ms([&] { run_chunked(ctx, p, sb, ws, pb, o, C, l2); }, reps));
-      free_state(s0);
-      free_state(sa);
-      free_state(sb);
-      CK(cudaFree(grad));
-      CK(cudaFree(ws));
-      CK(cudaFree(pa));
-      CK(cudaFree(pb));
-      release(p);
-    }
-    std::printf("%s: %d failing check(s)\n", g_fail ? "FAIL" : "PASS", g_fail);
-    return g_fail ? 1 : 0;
   }
   if (part == "tiny") {  // magnitudes like the proxy model's: tiny gradients and moments
     const std::vector<int64_t> counts = routed(4096, 8, 128, 42);

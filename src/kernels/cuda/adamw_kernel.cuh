@@ -57,29 +57,6 @@ __device__ __forceinline__ void store8(uint16_t* p, const float (&x)[8]) {
   *reinterpret_cast<uint4*>(p) = narrow8_bits(x);
 }
 
-// L2 hints for the chunked expert update (kL2 of adamw_kernel): w, m, v stream through L2 marked
-// evict-first, so that a chunk's gradient, written by the dW GEMM just before and read here once,
-// stays in L2 until it is read; kL2 == 2 then discards the gradient's lines (no write-back to DRAM).
-__device__ __forceinline__ uint64_t l2_evict_first_policy() {
-  uint64_t pol;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
-  return pol;
-}
-__device__ __forceinline__ uint4 ld16_hint(const void* ptr, uint64_t pol) {
-  uint4 r;
-  asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;\n"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(ptr), "l"(pol));
-  return r;
-}
-__device__ __forceinline__ void st16_hint(void* ptr, const uint4& v, uint64_t pol) {
-  asm volatile("st.global.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;\n" ::"l"(ptr), "r"(v.x), "r"(v.y),
-               "r"(v.z), "r"(v.w), "l"(pol)
-               : "memory");
-}
-__device__ __forceinline__ void discard_l2_line(const void* ptr) {
-  asm volatile("discard.global.L2 [%0], 128;\n" ::"l"(ptr) : "memory");
-}
 // New weight -> stored weight (and its f32 value for the compute copy).
 template <typename W>
 __device__ __forceinline__ float store_weight(W* w, int64_t i, float x, bool sr, uint32_t random) {
@@ -95,39 +72,22 @@ __device__ __forceinline__ float store_weight(W* w, int64_t i, float x, bool sr,
 
 // One thread per 8 elements (kVec: every pointer 16-byte aligned; a partial last chunk takes
 // the scalar path) or per element. One Philox call gives the 8 random half-words of a chunk.
-// `first`: the flat index of element 0 in the random stream (a slice of a larger tensor draws the
-// words of its own elements; a multiple of 8). kL2 (all-bf16 storage, kVec, no compute copy only):
-// 1 = w, m, v loads and stores with the L2 evict-first policy, 2 = that and g's fully read 128-byte
-// lines discarded from L2 (g must be 128-byte aligned and is garbage afterwards).
-template <typename W, typename G, typename M, typename V, typename C, bool kVec, int kL2 = 0>
+template <typename W, typename G, typename M, typename V, typename C, bool kVec>
 __global__ void adamw_kernel(W* __restrict__ w, const G* __restrict__ g, M* __restrict__ m, V* __restrict__ v,
-                             C* __restrict__ comp, int64_t n, am::Consts k, bool sr, uint64_t key, uint64_t counter,
-                             int64_t first = 0) {
-  static_assert(kL2 == 0 || (kVec && std::is_same_v<W, uint16_t> && std::is_same_v<G, uint16_t> &&
-                             std::is_same_v<M, uint16_t> && std::is_same_v<V, uint16_t>),
-                "kL2 needs the vector path over bf16 storage");
-  uint64_t pol = 0;
-  if constexpr (kL2 > 0) pol = l2_evict_first_policy();
+                             C* __restrict__ comp, int64_t n, am::Consts k, bool sr, uint64_t key, uint64_t counter) {
   constexpr int kPer = kVec ? 8 : 1;
   const int64_t chunks = (n + kPer - 1) / kPer;
   for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < chunks; c += (int64_t)gridDim.x * blockDim.x) {
     const int64_t i0 = c * kPer;
     if (kVec && i0 + 8 <= n) {
       float wf[8], gf[8], mf[8], vf[8];
-      if constexpr (kL2 > 0) {
-        widen8_bits(ld16_hint(w + i0, pol), wf);
-        load8(g + i0, gf);
-        widen8_bits(ld16_hint(m + i0, pol), mf);
-        widen8_bits(ld16_hint(v + i0, pol), vf);
-      } else {
-        load8(w + i0, wf);
-        load8(g + i0, gf);
-        load8(m + i0, mf);
-        load8(v + i0, vf);
-      }
+      load8(w + i0, wf);
+      load8(g + i0, gf);
+      load8(m + i0, mf);
+      load8(v + i0, vf);
       uint32_t rnd[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       if (std::is_same_v<W, uint16_t> && sr) {
-        const Philox4 r = philox4x32(key, counter, static_cast<uint64_t>(first + i0) >> 3);
+        const Philox4 r = philox4x32(key, counter, static_cast<uint64_t>(i0) >> 3);
 #pragma unroll
         for (int j = 0; j < 8; ++j) rnd[j] = am::random_half(r, j);
       }
@@ -140,21 +100,11 @@ __global__ void adamw_kernel(W* __restrict__ w, const G* __restrict__ g, M* __re
           wf[j] = am::bf16_to_f32(wb[j]);
         }
       }
-      if constexpr (kL2 > 0) {
-        st16_hint(m + i0, narrow8_bits(mf), pol);
-        st16_hint(v + i0, narrow8_bits(vf), pol);
-        st16_hint(w + i0, pack8_bits(wb), pol);
-        if constexpr (kL2 == 2) {  // the 8 lanes of a 128-byte line have used their g: drop the line
-          __syncwarp(__activemask());
-          if ((i0 & 63) == 0 && i0 + 64 <= n) discard_l2_line(g + i0);
-        }
-      } else {
-        store8(m + i0, mf);
-        store8(v + i0, vf);
-        if constexpr (std::is_same_v<W, uint16_t>) store8_bits(w + i0, wb);
-        else store8(w + i0, wf);
-        if (comp) store8(comp + i0, wf);
-      }
+      store8(m + i0, mf);
+      store8(v + i0, vf);
+      if constexpr (std::is_same_v<W, uint16_t>) store8_bits(w + i0, wb);
+      else store8(w + i0, wf);
+      if (comp) store8(comp + i0, wf);
     } else {
       const int64_t end = i0 + kPer < n ? i0 + kPer : n;
       for (int64_t i = i0; i < end; ++i) {
@@ -162,7 +112,7 @@ __global__ void adamw_kernel(W* __restrict__ w, const G* __restrict__ g, M* __re
         am::update(k, ld(g, i), mi, vi, wi);
         st(m, i, mi);
         st(v, i, vi);
-        const uint32_t r = std::is_same_v<W, uint16_t> && sr ? am::random_word(key, counter, static_cast<uint64_t>(first + i)) : 0u;
+        const uint32_t r = std::is_same_v<W, uint16_t> && sr ? am::random_word(key, counter, static_cast<uint64_t>(i)) : 0u;
         const float stored = store_weight(w, i, wi, sr, r);
         if (comp) st(comp, i, stored);
       }
