@@ -79,6 +79,71 @@ MT_HD void update(const Consts& c, float grad, float& m, float& v, float& w) {
   w = sub(w, mul(c.lr, upd));
 }
 
+#if defined(__CUDACC__)
+// ---- device: update() of 8 elements with the square roots and divides inline, without branches ----
+// __fsqrt_rn and __fdiv_rn compile to a short fast sequence plus a branch to a slow path for operands
+// where that sequence could be inexact; those branches serialised the 8 elements of a vector (no
+// overlap of one element's MUFU latency with the next), which bounded the update inside the dW
+// GEMM's epilogue (8 warps per SM) by latency. update8 runs the same fast sequences for all 8,
+// checks the operand ranges, and redoes an element whose operands fall outside them with update().
+// A correctly rounded result is unique, so every element has the bits of update() (and the CPU's).
+__device__ __forceinline__ float rsqrt_approx_ftz(float x) {
+  float r;
+  asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+__device__ __forceinline__ float rcp_approx_ftz(float x) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+// The range test of the compiler's own sqrt.rn fast path: x in [2^-101, 2^127) (positive, normal).
+__device__ __forceinline__ bool sqrt_fast_ok(float x) { return __float_as_uint(x) - 0x0d000000u <= 0x727fffffu; }
+// sqrt.rn's fast sequence (one Newton step on the MUFU reciprocal square root): exact where sqrt_fast_ok.
+__device__ __forceinline__ float sqrt_fast(float x) {
+  const float r = rsqrt_approx_ftz(x);
+  const float s = __fmul_rn(x, r), h = __fmul_rn(r, 0.5f);
+  return __fmaf_rn(__fmaf_rn(-s, s, x), h, s);
+}
+// A conservative range for div.rn's fast sequence: a and b normal with |a|, |b| in [2^-63, 2^64), so
+// the quotient, the reciprocal and the remainder stay far from overflow and underflow.
+__device__ __forceinline__ bool div_fast_ok(float a, float b) {
+  return ((__float_as_uint(a) >> 23) & 0xffu) - 64u <= 126u && ((__float_as_uint(b) >> 23) & 0xffu) - 64u <= 126u;
+}
+// div.rn's fast sequence (Newton step on the MUFU reciprocal, then one remainder correction).
+__device__ __forceinline__ float div_fast(float a, float b) {
+  const float r0 = rcp_approx_ftz(b);
+  const float r = __fmaf_rn(r0, __fmaf_rn(-b, r0, 1.0f), r0);
+  const float q = __fmaf_rn(a, r, 0.0f);
+  return __fmaf_rn(r, __fmaf_rn(-b, q, a), q);
+}
+// update() of 8 independent elements: the same operations in the same order per element.
+__device__ __forceinline__ void update8(const Consts& c, const float (&grad)[8], float (&m)[8], float (&v)[8],
+                                        float (&w)[8]) {
+  float m0[8], v0[8], w0[8];
+  unsigned redo = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    m0[j] = m[j], v0[j] = v[j], w0[j] = w[j];
+    const float g = mul(grad[j], c.grad_scale);
+    m[j] = add(mul(c.b1, m[j]), mul(c.one_minus_b1, g));
+    v[j] = add(mul(c.b2, v[j]), mul(mul(c.one_minus_b2, g), g));
+    const float denom = add(mul(sqrt_fast(v[j]), c.inv_sqrt_bc2), c.eps);
+    const float a = mul(m[j], c.inv_bc1);
+    redo |= static_cast<unsigned>(!(sqrt_fast_ok(v[j]) && div_fast_ok(a, denom))) << j;
+    w[j] = sub(w[j], mul(c.lr, add(div_fast(a, denom), mul(c.wd, w[j]))));
+  }
+  if (redo) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      if ((redo >> j) & 1u) {
+        m[j] = m0[j], v[j] = v0[j], w[j] = w0[j];
+        update(c, grad[j], m[j], v[j], w[j]);
+      }
+  }
+}
+#endif
+
 // f32 -> bf16 bits, round to nearest even; every NaN becomes the canonical quiet NaN 0x7fff. On the
 // GPU this is the hardware conversion (cvt.rn.bf16.f32, one instruction instead of six: the update
 // inside the dW GEMM's epilogue is bound by instruction issue), which gives exactly these bits.

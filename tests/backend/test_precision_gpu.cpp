@@ -75,7 +75,8 @@ TEST(BackendPrecision, AdamWEveryDtypeCombinationIsBitExact) {
 }
 
 // Non-finite values in the stored bf16 results: NaN (of either sign, any payload) is stored as the
-// canonical 0x7fff on both sides (the GPU's hardware conversion), infinities as infinities.
+// canonical 0x7fff on both sides (the GPU's hardware conversion), infinities as infinities; tiny and
+// zero moments take the GPU's IEEE fallback for the square root and divide (adamw_math::update8).
 TEST(BackendPrecision, AdamWNonFiniteValuesAreBitExact) {
   MT_REQUIRE_GPU();
   const DType F = DType::kF32, B = DType::kBF16;
@@ -86,11 +87,15 @@ TEST(BackendPrecision, AdamWNonFiniteValuesAreBitExact) {
     for (bool sr : {false, true}) {
       auto gv = randn(n, 84), wv = randn(n, 85, 0.05f), mv = randn(n, 86, 0.1f), vv = randn(n, 87, 1e-2f);
       for (auto& x : vv) x = x * x;
-      const float specials[] = {NAN, -NAN, inf, -inf, 3e38f, -3e38f, 1e-40f};
+      // and tiny finite values, where the GPU's inline square root and divide hand the element to the
+      // IEEE intrinsics (v below 2^-101, quotients below 2^-63)
+      const float specials[] = {NAN, -NAN, inf, -inf, 3e38f, -3e38f, 1e-40f, 1e-35f, 1e-30f, 1e-20f, 0.0f};
       for (int64_t i = 0; i < n; i += 97) {
-        const float s = specials[(i / 97) % 7];
-        ((i / 97) % 3 == 0 ? gv : (i / 97) % 3 == 1 ? wv : mv)[static_cast<size_t>(i)] = s;
+        const float s = specials[(i / 97) % 11];
+        const int64_t which = (i / 97) % 4;
+        (which == 0 ? gv : which == 1 ? wv : which == 2 ? mv : vv)[static_cast<size_t>(i)] = which == 3 ? std::fabs(s) : s;
       }
+      for (int64_t i = 50; i < n; i += 211) vv[static_cast<size_t>(i)] = 1e-33f * static_cast<float>(i % 7);
       uint32_t payload = 0x7fc01234u;  // a NaN with a payload, as bits
       float pnan;
       std::memcpy(&pnan, &payload, 4);

@@ -94,7 +94,7 @@ __global__ void adamw_kernel(W* __restrict__ w, const G* __restrict__ g, M* __re
       uint16_t wb[8];
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        am::update(k, gf[j], mf[j], vf[j], wf[j]);
+        am::update(k, gf[j], mf[j], vf[j], wf[j]);  // (update8 measured 3% slower here: more registers)
         if constexpr (std::is_same_v<W, uint16_t>) {
           wb[j] = sr ? am::bf16_stochastic(wf[j], rnd[j]) : am::bf16_rne(wf[j]);
           wf[j] = am::bf16_to_f32(wb[j]);

@@ -68,9 +68,9 @@ __device__ __forceinline__ void apply8(const AdamWParams& a, int64_t i0, const f
     for (int j = 0; j < 8; ++j) rnd[j] = am::random_half(r, j);
   }
   uint16_t wb[8];
+  am::update8(a.k, g, m, v, w);
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
-    am::update(a.k, g[j], m[j], v[j], w[j]);
     if constexpr (std::is_same_v<W, uint16_t>) {
       wb[j] = a.sr ? am::bf16_stochastic(w[j], rnd[j]) : am::bf16_rne(w[j]);
       w[j] = am::bf16_to_f32(wb[j]);
