@@ -260,7 +260,7 @@ int main(int argc, char** argv) {
   // variant: 0 = default, 4 = the other walk depth, 8 = first batch fetched after the mainloop
   const std::vector<int> all_vars = {0, 4, 8, 12};
   const std::vector<int> time_vars = {0, 4, 8, 12};
-  if (part != "shapes" && part != "tiny") {
+  if (part != "shapes" && part != "tiny" && part != "skew") {
     std::vector<Prob> edges;
     edges.push_back(make("uneven", {0, 1, 1000, 0, 64, 65, 128, 129, 255, 257, 3, 0}, 2300, 264, 200));
     edges.push_back(make("empty+tail", {0, 300, 1, 0, 130}, 500, 200, 136));
@@ -277,6 +277,43 @@ int main(int argc, char** argv) {
       check(ctx, p, kDefault, true, false, false, {0});
       release(p);
     }
+  }
+  if (part == "skew") {  // fused vs separate kernels as the routing gets less even (gate_up, all-bf16)
+    for (double alpha : {0.0, 0.5, 1.0}) {
+      // rows of expert e proportional to 1 / (rank + 1)^alpha, ranks shuffled, 32768 rows in all
+      std::vector<int> rank(128);
+      for (int e = 0; e < 128; ++e) rank[e] = e;
+      std::mt19937 rng(5);
+      std::shuffle(rank.begin(), rank.end(), rng);
+      std::vector<double> wgt(128);
+      double tot = 0;
+      for (int e = 0; e < 128; ++e) tot += wgt[e] = std::pow(rank[e] + 1.0, -alpha);
+      std::vector<int64_t> counts(128);
+      int64_t used = 0;
+      for (int e = 0; e < 128; ++e) used += counts[e] = static_cast<int64_t>(32768 * wgt[e] / tot);
+      counts[0] += 32768 - used;
+      const int64_t mx = *std::max_element(counts.begin(), counts.end()), mn = *std::min_element(counts.begin(), counts.end());
+      Prob p = make("gate_up", counts, 32768, 2048, 1536);
+      const int64_t n = (int64_t)p.E * p.M * p.K;
+      State st = alloc_state(kAllBf16, n);
+      init_state(kAllBf16, n, st, 7);
+      void* grad;
+      CK(cudaMalloc(&grad, n * 2));
+      double* part;
+      CK(cudaMalloc(&part, gwd::dw_adamw_tiles(p.E, p.K, p.M, true) * 8));
+      Opt o{am::make_consts(1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 1.0f), true, 99, 3};
+      const gwd::DwAdamWArgs a = args_for(kAllBf16, st, nullptr, o);
+      std::printf("| rows ~ rank^-%.1f (%lld..%lld) | dW %8.3f | unfused %8.3f | fused %8.3f |\n", alpha, (long long)mn,
+                  (long long)mx,
+                  time_ms([&] { gwd::dispatch_dw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, grad, true, false, part, 0); }, reps),
+                  time_ms([&] { run_unfused(ctx, p, kAllBf16, st, grad, false, part, o); }, reps),
+                  time_ms([&] { gwd::dispatch_dw_adamw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, a, part, 0); }, reps));
+      free_state(st);
+      CK(cudaFree(grad));
+      CK(cudaFree(part));
+      release(p);
+    }
+    return 0;
   }
   if (part == "tiny") {  // magnitudes like the proxy model's: tiny gradients and moments
     const std::vector<int64_t> counts = routed(4096, 8, 128, 42);
