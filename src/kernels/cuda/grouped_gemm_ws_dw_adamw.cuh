@@ -200,26 +200,58 @@ struct AdamWEpilogue {
       q = next;
     }
   }
+  // Experts without rows (an untrained router leaves half of them idle in deeper layers): g = prior
+  // or 0, every CTA takes a grid-strided share of each one's vectors, U of them in flight ahead of
+  // the ones being updated (as the tile walk; without that this tail took most of the kernel's time
+  // in such layers).
   template <typename GT>
   __device__ void empty_experts(const Params& p, const int32_t* s_off, int ctid) const {
     using GS = GStore<GT>;
-    const int64_t vecs = p.ci * p.cj / 8;
+    struct Flat {
+      Raw8<W> w[U];
+      Raw8<MT> m[U];
+      Raw8<VT> v[U];
+      Raw8<GS> g[U];
+    };
+    const int64_t vecs = p.ci * p.cj / 8, stride = gridDim.x * 256ll;
+    const GS* prior = p.accumulate ? static_cast<const GS*>(p.c) : nullptr;
+    auto fetch = [&](int64_t e0, int64_t vi, Flat& q) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (vi + u * stride >= vecs) continue;
+        const int64_t i0 = e0 + (vi + u * stride) * 8;
+        q.w[u] = ld8(static_cast<const W*>(a.w) + i0);
+        q.m[u] = ld8(static_cast<const MT*>(a.m) + i0);
+        q.v[u] = ld8(static_cast<const VT*>(a.v) + i0);
+        if (prior) q.g[u] = ld8(prior + i0);
+      }
+    };
     for (int e = 0; e < p.E; ++e) {
       if (s_off[e + 1] > s_off[e]) continue;
       const int64_t e0 = static_cast<int64_t>(e) * p.ci * p.cj;
-      for (int64_t vi = static_cast<int64_t>(blockIdx.x) * 256 + ctid; vi < vecs; vi += gridDim.x * 256ll) {
-        const int64_t i0 = e0 + vi * 8;
-        float gf[8], wf[8], mf[8], vf[8];
-        if (p.accumulate) {
-          ad::load8(static_cast<const GS*>(p.c) + i0, gf);
-        } else {
+      const int64_t first = static_cast<int64_t>(blockIdx.x) * 256 + ctid;
+      Flat cur;
+      fetch(e0, first, cur);
+#pragma unroll 1
+      for (int64_t vi = first; vi < vecs; vi += U * stride) {
+        Flat next;
+        if (vi + U * stride < vecs) fetch(e0, vi + U * stride, next);
 #pragma unroll
-          for (int j = 0; j < 8; ++j) gf[j] = 0.0f;
+        for (int u = 0; u < U; ++u) {
+          if (vi + u * stride >= vecs) continue;
+          float gf[8], wf[8], mf[8], vf[8];
+          if (prior) {
+            widen8(cur.g[u], gf);
+          } else {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) gf[j] = 0.0f;
+          }
+          widen8(cur.w[u], wf);
+          widen8(cur.m[u], mf);
+          widen8(cur.v[u], vf);
+          apply8<W, MT, VT>(a, e0 + (vi + u * stride) * 8, gf, wf, mf, vf);
         }
-        ad::load8(static_cast<const W*>(a.w) + i0, wf);
-        ad::load8(static_cast<const MT*>(a.m) + i0, mf);
-        ad::load8(static_cast<const VT*>(a.v) + i0, vf);
-        apply8<W, MT, VT>(a, i0, gf, wf, mf, vf);
+        cur = next;
       }
     }
   }
