@@ -184,12 +184,16 @@ StagePlan plan_stage(const PlanInput& in, const Hardware& hw, int64_t first, int
   // optimizer.update_in_backward with one micro-batch and experts that need no gradient reduction
   // (expert data parallel 1): trainable expert weights have no gradient buffer (train/trainer.cpp).
   // Their backward op then needs a workspace for one matrix's gradient unless the Hopper dW kernel
-  // applies AdamW in its epilogue (f32 master, cc 9.0: kernels/cuda/grouped_matmul_adamw.cu).
+  // applies AdamW in its epilogue (cc 9.0; f32 master and moments, or bf16 weights, gradients and
+  // moments: gwd::dw_adamw_supported in kernels/cuda/grouped_gemm_ws_dw_adamw.cuh).
   const int64_t gbs = in.global_batch_size > 0 ? in.global_batch_size : in.micro_batch_size * lay.dp;
   const bool expert_grads_free = in.update_in_backward && in.optimizer == OptimizerKind::kAdamW &&
                                  gbs <= in.micro_batch_size * lay.dp && lay.expert_dp() == 1 && c.is_moe();
-  const bool fused_update = !cpu && has_master && in.main_params_dtype == DType::kF32 &&
-                            in.exp_avg_dtype == DType::kF32 && in.exp_avg_sq_dtype == DType::kF32 && is_hopper(hw.name);
+  const bool f32_state = has_master && in.main_params_dtype == DType::kF32 && in.exp_avg_dtype == DType::kF32 &&
+                         in.exp_avg_sq_dtype == DType::kF32;
+  const bool bf16_state = !offload && in.main_params_dtype == DType::kBF16 && in.main_grads_dtype == DType::kBF16 &&
+                          in.exp_avg_dtype == DType::kBF16 && in.exp_avg_sq_dtype == DType::kBF16;
+  const bool fused_update = !cpu && (f32_state || bf16_state) && is_hopper(hw.name);
   std::array<double, kNumMemCategories> pers{};
   pers[ci(MemCategory::kWeights)] = local * wbytes;
   pers[ci(MemCategory::kGradients)] =

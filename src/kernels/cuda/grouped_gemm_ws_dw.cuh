@@ -310,10 +310,14 @@ __device__ __forceinline__ void empty_tile_sums(const Params& p, const int32_t* 
 // get dw = 0 in = mode (the old dw stays in += mode). A policy has: kStore (store warps write the
 // staged tile to p.c), kWalk (the consumers call walk() on the complete staged tile before releasing
 // it), Pending (what a consumer thread loads ahead for its walk: fetch() issues those loads, before
-// the tile's mainloop when kEarly, else after it) and empty_experts() (consumers, after the main loop).
+// the tile's mainloop when kEarly, else after it), kWalkEmpty (the consumers call walk_empty() on
+// each tile of an expert without rows in their tile sequence: no mainloop, no staging) and
+// empty_experts() (consumers, after the main loop).
 struct StoreEpilogue {
-  static constexpr bool kStore = true, kWalk = false, kEarly = false;
+  static constexpr bool kStore = true, kWalk = false, kEarly = false, kWalkEmpty = false;
   struct Pending {};
+  template <int BN, typename DwT>
+  __device__ void walk_empty(const Params&, const Tile&, int) const {}
   template <int BN>
   __device__ void fetch(const Params&, const Tile&, int, Pending&) const {}
   template <int BN, typename DwT, int kPitch>
@@ -429,8 +433,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint32_t phase = 0, rphase = 0, cit = 0;
   float acc[BN / 2];
   typename Epi::Pending pend;
-  for (int64_t t = seek(blockIdx.x); t < total; t = seek(t + stride)) {
+  // with kWalkEmpty the consumers also visit the tiles of experts without rows (the producer and the
+  // store warps skip them), so that this work is spread over the CTAs like the rest
+  for (int64_t t = Epi::kWalkEmpty ? blockIdx.x : seek(blockIdx.x); t < total;
+       t = Epi::kWalkEmpty ? t + stride : seek(t + stride)) {
     const Tile x = decode<BN, BK>(p, s_off, t);
+    if constexpr (Epi::kWalkEmpty) {
+      if (x.ksteps == 0) {
+        epi.template walk_empty<BN, DwT>(p, x, ctid);
+        continue;
+      }
+    }
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;  // dead between tiles (the first wgmma ignores them)
     if constexpr (Epi::kWalk && Epi::kEarly) epi.template fetch<BN>(p, x, ctid, pend);

@@ -14,11 +14,12 @@ namespace moetrain::cuda {
 bool grouped_matmul_backward_adamw(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& offsets,
                                    const Tensor& dy, Tensor& dx, DType grad_dtype, const Tensor& grad_prior,
                                    ops::AdamWTarget& t, Tensor* sum_squares, bool force) {
-  // MT_FUSED_ADAMW (read once): 0 keeps the two-op path; 1 (default) fuses when the master is f32
-  // (measured faster; with a bf16 master the epilogue's update math is slower than the separate
-  // AdamW kernel); 2 fuses whenever the kernel supports the settings. MT_GEMM_KERNEL=wgmma: off.
+  // MT_FUSED_ADAMW (read once): 0 keeps the two-op path; 1 (default) fuses whenever the kernel
+  // supports the settings (f32 master and moments, or all-bf16: both measured faster inside the step
+  // on the H100 since round 6; the planner assumes the same, plan/plan_memory.cpp). 2 is the same as 1
+  // (kept for scripts). MT_GEMM_KERNEL=wgmma: off.
   static const int mode = env_string("MT_GEMM_KERNEL", "ws") == "wgmma" ? 0 : static_cast<int>(env_int("MT_FUSED_ADAMW", 1));
-  if (!force && (mode == 0 || (mode == 1 && t.master.dtype() == DType::kBF16))) return false;
+  if (!force && mode == 0) return false;
   if (x.dtype() != DType::kBF16 || w.dtype() != DType::kBF16 || dy.dtype() != DType::kBF16) return false;
   if (w.dim() != 3 || x.dim() != 2 || offsets.numel() != w.size(0) + 1) return false;
   const int64_t E = w.size(0), M = w.size(1), K = w.size(2), N = x.size(0);
