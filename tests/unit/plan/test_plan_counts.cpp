@@ -430,5 +430,26 @@ TEST(PlanTrace, InBackwardUpdateWithoutExpertGradientsEqualsTheAllocator) {
                              cfg.moe_intermediate_size);
 }
 
+// With the update in backward and one micro-batch, the expert backward needs a gradient workspace
+// unless the Hopper dW kernel fuses AdamW: f32 master and moments, or all-bf16 state (round 6);
+// another mix (bf16 weights and m, f32 v) still borrows it.
+TEST(PlanMemory, FusedInBackwardUpdateNeedsNoGradientWorkspaceOnHopper) {
+  PlanInput in;
+  in.model = ModelConfig::preset("qwen3-30b-a3b");
+  in.model.num_hidden_layers = 2;
+  in.seq_length = 4096;
+  in.update_in_backward = true;
+  const Hardware h100 = Hardware::preset("h100", 1);
+  auto workspace = [&](DType grads, DType main, DType m, DType v) {
+    in.main_grads_dtype = grads, in.main_params_dtype = main, in.exp_avg_dtype = m, in.exp_avg_sq_dtype = v;
+    return plan_memory(in, h100).category_peak[static_cast<size_t>(MemCategory::kWorkspace)];
+  };
+  const DType F = DType::kF32, B = DType::kBF16;
+  const double all_bf16 = workspace(B, B, B, B), all_f32 = workspace(F, F, F, F), mixed = workspace(B, B, B, F);
+  EXPECT_EQ(all_bf16, all_f32);
+  // the mix borrows one expert matrix's bf16 gradient (gate_up: 128 x 1536 x 2048 x 2 B)
+  EXPECT_GE(mixed - all_bf16, 2.0 * 128 * 1536 * 2048 - 1.0);
+}
+
 }  // namespace
 }  // namespace moetrain
