@@ -42,19 +42,26 @@ __device__ __forceinline__ uint4 narrow8_bits(const float (&x)[8]) {
 __device__ __forceinline__ void load8(const uint16_t* p, float (&x)[8]) {
   widen8_bits(*reinterpret_cast<const uint4*>(p), x);
 }
+// One 16-byte store. (A uint4 assignment can reach the PTX as four st.global.u32: nvcc split the
+// bf16 stores of the fused dW + AdamW walk that way, four times the store instructions and L2 sectors.)
+// No memory clobber: the kernels here never read back what they store, and the compiler may keep
+// moving the walk's other loads across these stores.
+__device__ __forceinline__ void st16(void* p, const uint4& u) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "r"(u.x), "r"(u.y), "r"(u.z), "r"(u.w));
+}
 __device__ __forceinline__ void store8(float* p, const float (&x)[8]) {
-  reinterpret_cast<float4*>(p)[0] = make_float4(x[0], x[1], x[2], x[3]);
-  reinterpret_cast<float4*>(p)[1] = make_float4(x[4], x[5], x[6], x[7]);
+  st16(p, make_uint4(__float_as_uint(x[0]), __float_as_uint(x[1]), __float_as_uint(x[2]), __float_as_uint(x[3])));
+  st16(p + 4, make_uint4(__float_as_uint(x[4]), __float_as_uint(x[5]), __float_as_uint(x[6]), __float_as_uint(x[7])));
 }
 __device__ __forceinline__ uint4 pack8_bits(const uint16_t (&b)[8]) {
   return make_uint4(b[0] | (static_cast<uint32_t>(b[1]) << 16), b[2] | (static_cast<uint32_t>(b[3]) << 16),
                     b[4] | (static_cast<uint32_t>(b[5]) << 16), b[6] | (static_cast<uint32_t>(b[7]) << 16));
 }
 __device__ __forceinline__ void store8_bits(uint16_t* p, const uint16_t (&b)[8]) {
-  *reinterpret_cast<uint4*>(p) = pack8_bits(b);
+  st16(p, pack8_bits(b));
 }
 __device__ __forceinline__ void store8(uint16_t* p, const float (&x)[8]) {
-  *reinterpret_cast<uint4*>(p) = narrow8_bits(x);
+  st16(p, narrow8_bits(x));
 }
 
 // New weight -> stored weight (and its f32 value for the compute copy).
