@@ -169,46 +169,54 @@ void bench_loss_head(Context& ctx, const ModelConfig& mc, const KernelBenchOptio
   const Tensor labels = Tensor::from_ints(lab, {T}).to(ctx.device());
   const Tensor weights =
       Tensor::from_floats(std::vector<float>(static_cast<size_t>(T), 1.0f / static_cast<float>(T)), {T}).to(ctx.device());
-  Tensor dx = Tensor::empty({T, H}, dt, ctx.device()), dw = Tensor::zeros({V, H}, DType::kF32, ctx.device());
+  Tensor dx = Tensor::empty({T, H}, dt, ctx.device());
   Tensor nll = Tensor::empty({T}, DType::kF32, ctx.device()), lse = Tensor::empty({T}, DType::kF32, ctx.device());
   const double f = 6.0 * static_cast<double>(T) * static_cast<double>(V) * static_cast<double>(H);
-  // The model's path: chunks of ModelOptions' default size (or --ce-chunks), dlogits in place. Each
-  // is timed adding to the lm_head gradient (a later micro-batch) and writing it (a step's first).
-  std::vector<int64_t> chunks = o.ce_chunks;
-  if (chunks.empty()) chunks.push_back(loss_head_chunk_rows(T, V, dt, 0, ModelOptions{}.ce_chunk_bytes));
-  const std::string tag = fmt::format("loss head T{} H{} V{}", T, H, V);
-  for (const int64_t c : chunks) {
-    const int64_t chunk = loss_head_chunk_rows(T, V, dt, c, 0);
-    for (const bool first : {false, true}) {
-      auto chunked = [&] {
-        LossHeadIO io;
-        io.nll = nll, io.lse = lse, io.dx = dx, io.dw = dw, io.dw_overwrite = first;
-        loss_head(ctx, x, w, labels, weights, chunk, io);
-      };
-      const double pc = peak_extra_bytes(ctx, chunked);
-      const std::string rtag = chunks.size() > 1 ? fmt::format(".r{}", chunk) : "";  // keys stay unique
-      rows.add("loss_head.chunked" + rtag + (first ? ".write" : ""),
-               fmt::format("{} chunked ({} rows/chunk) fwd+bwd, dW {}", tag, chunk, first ? "written" : "+="),
-               median_ms(ctx, o.warmup, o.reps, chunked), f, pc);
+  // The lm_head gradient in f32 (default precision) and, on a device, bf16 (all-bf16, as torch keeps it).
+  std::vector<DType> grad_dtypes = {DType::kF32};
+  if (dt == DType::kBF16) grad_dtypes.push_back(DType::kBF16);
+  for (const DType gdt : grad_dtypes) {
+    Tensor dw = Tensor::zeros({V, H}, gdt, ctx.device());
+    const std::string gkey = gdt == DType::kF32 ? "" : ".bf16grad";
+    const std::string gtag = fmt::format("{} dW", dtype_name(gdt));
+    // The model's path: chunks of ModelOptions' default size (or --ce-chunks), dlogits in place. Each
+    // is timed adding to the lm_head gradient (a later micro-batch) and writing it (a step's first).
+    std::vector<int64_t> chunks = o.ce_chunks;
+    if (chunks.empty()) chunks.push_back(loss_head_chunk_rows(T, V, dt, 0, ModelOptions{}.ce_chunk_bytes));
+    const std::string tag = fmt::format("loss head T{} H{} V{}", T, H, V);
+    for (const int64_t c : chunks) {
+      const int64_t chunk = loss_head_chunk_rows(T, V, dt, c, 0);
+      for (const bool first : {false, true}) {
+        auto chunked = [&] {
+          LossHeadIO io;
+          io.nll = nll, io.lse = lse, io.dx = dx, io.dw = dw, io.dw_overwrite = first;
+          loss_head(ctx, x, w, labels, weights, chunk, io);
+        };
+        const double pc = peak_extra_bytes(ctx, chunked);
+        const std::string rtag = chunks.size() > 1 ? fmt::format(".r{}", chunk) : "";  // keys stay unique
+        rows.add("loss_head.chunked" + gkey + rtag + (first ? ".write" : ""),
+                 fmt::format("{} chunked ({} rows/chunk) fwd+bwd, {} {}", tag, chunk, gtag, first ? "written" : "+="),
+                 median_ms(ctx, o.warmup, o.reps, chunked), f, pc);
+      }
     }
-  }
-  // Unfused: the whole [T,V] logits, CE forward, dlogits [T,V], then the two GEMMs.
-  bool first = false;
-  auto unfused = [&] {
-    Tensor logits = Tensor::empty({T, V}, dt, ctx.device(), MemCategory::kWorkspace);
-    ops::matmul(ctx, x, Trans::kNo, w, Trans::kYes, logits);
-    ops::cross_entropy_forward(ctx, logits, labels, Tensor(), nll, lse);
-    Tensor dlogits = Tensor::empty({T, V}, dt, ctx.device(), MemCategory::kWorkspace);
-    ops::cross_entropy_backward(ctx, logits, labels, weights, lse, 1.0f, dlogits);
-    ops::matmul(ctx, dlogits, Trans::kNo, w, Trans::kNo, dx);
-    ops::matmul(ctx, dlogits, Trans::kYes, x, Trans::kNo, dw, 1.0f, first ? 0.0f : 1.0f);
-  };
-  for (const bool f1 : {false, true}) {
-    first = f1;
-    const double pu = peak_extra_bytes(ctx, unfused);
-    rows.add(first ? "loss_head.unfused.write" : "loss_head.unfused",
-             fmt::format("{} unfused GEMM+CE fwd+bwd, dW {}", tag, first ? "written" : "+="),
-             median_ms(ctx, o.warmup, o.reps, unfused), f, pu);
+    // Unfused: the whole [T,V] logits, CE forward, dlogits [T,V], then the two GEMMs.
+    bool first = false;
+    auto unfused = [&] {
+      Tensor logits = Tensor::empty({T, V}, dt, ctx.device(), MemCategory::kWorkspace);
+      ops::matmul(ctx, x, Trans::kNo, w, Trans::kYes, logits);
+      ops::cross_entropy_forward(ctx, logits, labels, Tensor(), nll, lse);
+      Tensor dlogits = Tensor::empty({T, V}, dt, ctx.device(), MemCategory::kWorkspace);
+      ops::cross_entropy_backward(ctx, logits, labels, weights, lse, 1.0f, dlogits);
+      ops::matmul(ctx, dlogits, Trans::kNo, w, Trans::kNo, dx);
+      ops::matmul(ctx, dlogits, Trans::kYes, x, Trans::kNo, dw, 1.0f, first ? 0.0f : 1.0f);
+    };
+    for (const bool f1 : {false, true}) {
+      first = f1;
+      const double pu = peak_extra_bytes(ctx, unfused);
+      rows.add(std::string("loss_head.unfused") + gkey + (first ? ".write" : ""),
+               fmt::format("{} unfused GEMM+CE fwd+bwd, {} {}", tag, gtag, first ? "written" : "+="),
+               median_ms(ctx, o.warmup, o.reps, unfused), f, pu);
+    }
   }
 }
 

@@ -11,7 +11,7 @@ namespace {
 TEST(Backend, CrossEntropy) {
   MT_REQUIRE_GPU();
   struct Case { int64_t T, V; };
-  for (const Case c : {Case{5, 151936}, Case{33, 1000}, Case{1, 3}}) {
+  for (const Case c : {Case{5, 151936}, Case{33, 1000}, Case{9, 1001}, Case{1, 3}}) {
     std::vector<int32_t> labels(static_cast<size_t>(c.T));
     std::mt19937 g(static_cast<uint32_t>(c.V));
     for (int64_t t = 0; t < c.T; ++t) labels[t] = t % 4 == 1 ? -100 : static_cast<int32_t>(g() % c.V);
@@ -49,6 +49,26 @@ TEST(Backend, CrossEntropy) {
       }
     }
   }
+}
+
+// The loss head writes dlogits over the logits: the 16-byte vector kernel (bf16, V % 8 == 0) must
+// give the same bits in place as into a separate buffer.
+TEST(Backend, CrossEntropyBackwardInPlace) {
+  MT_REQUIRE_GPU();
+  const int64_t T = 6, V = 151936;
+  std::vector<int32_t> labels = {3, -100, 151935, 0, 77777, 8};
+  const std::vector<float> x = randn(T * V, 131, 3.0f);
+  Pair logits = input(x, {T, V}, DType::kBF16), lab = input_ints(labels, {T});
+  Pair wts = input(randu(T, 132, 0.1f, 1.0f), {T}, DType::kF32);
+  Pair losses = output({T}, DType::kF32), lse = output({T}, DType::kF32);
+  ops::cross_entropy_forward(gpu_ctx(), logits.gpu, lab.gpu, wts.gpu, losses.gpu, lse.gpu);
+  Pair dl = output({T, V}, DType::kBF16);
+  ops::cross_entropy_backward(gpu_ctx(), logits.gpu, lab.gpu, wts.gpu, lse.gpu, 0.5f, dl.gpu);
+  Pair in_place = output({T, V}, DType::kBF16, &x);
+  ops::cross_entropy_backward(gpu_ctx(), in_place.gpu, lab.gpu, wts.gpu, lse.gpu, 0.5f, in_place.gpu);
+  device_sync();
+  in_place.cpu = dl.gpu.to(Device::cpu());
+  check_exact("cross_entropy_backward", "in place, T6 V151936", in_place);
 }
 
 }  // namespace

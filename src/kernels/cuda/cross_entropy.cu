@@ -70,6 +70,122 @@ __global__ void ce_bwd_kernel(const L* __restrict__ logits, const int32_t* __res
   }
 }
 
+// ---- bf16 rows of 16-byte vectors (V % 8 == 0, 16-byte aligned): the chunked loss head's shape ----
+// The scalar kernels above read 2 bytes per thread per iteration and ran at about a third of the
+// memory bandwidth (1.5 ms forward, 2.2 ms backward over the 1.2 GB of [4096, 151936] logits).
+// Here a thread reads 8 logits at a time, two vectors in flight, and the online (max, sum) moves
+// once per vector; the backward spreads each row over several blocks.
+constexpr int kVecThreads = 256;
+constexpr int kBwdVecsPerThread = 4;
+
+__device__ __forceinline__ void unpack8(const uint4 q, float (&f)[8]) {
+  const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = __uint_as_float(w[i] << 16);
+    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+
+// Adds 8 logits to the running (m, s): s = sum exp(x - m) over the logits seen so far.
+__device__ __forceinline__ void online8(const uint4 q, float& m, float& s) {
+  float f[8];
+  unpack8(q, f);
+  float mx = f[0];
+#pragma unroll
+  for (int i = 1; i < 8; ++i) mx = fmaxf(mx, f[i]);
+  if (mx == -INFINITY) return;  // all eight are -inf: nothing to add
+  if (mx > m) {
+    s = m == -INFINITY ? 0.0f : s * expf(m - mx);
+    m = mx;
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) s += expf(f[i] - m);
+}
+
+__global__ void ce_fwd_vec_kernel(const __nv_bfloat16* __restrict__ logits, const int32_t* __restrict__ labels,
+                                  const float* __restrict__ weights, int64_t V, float* __restrict__ losses,
+                                  float* __restrict__ lse) {
+  __shared__ float scratch[32];
+  const int64_t t = blockIdx.x;
+  const uint4* x = reinterpret_cast<const uint4*>(logits + t * V);
+  const int64_t nv = V / 8;
+  float m = -INFINITY, s = 0.0f;
+  int64_t i = threadIdx.x;
+  for (; i + kVecThreads < nv; i += 2 * kVecThreads) {
+    const uint4 a = x[i], b = x[i + kVecThreads];
+    online8(a, m, s);
+    online8(b, m, s);
+  }
+  if (i < nv) online8(x[i], m, s);
+  const float M = block_max(m, scratch);
+  s = m == -INFINITY ? 0.0f : s * expf(m - M);
+  const float S = block_sum(s, scratch);
+  if (threadIdx.x == 0) {
+    const float l = M + logf(S);
+    lse[t] = l;
+    const int32_t lab = labels[t];
+    if (lab == kIgnoreIndex) {
+      losses[t] = 0.0f;
+    } else if (lab < 0 || lab >= V) {
+      losses[t] = NAN;
+    } else {
+      const float w = weights ? weights[t] : 1.0f;
+      losses[t] = w * (l - __bfloat162float(logits[t * V + lab]));
+    }
+  }
+}
+
+// grid (T, ceil(V / 8 / (threads * kBwdVecsPerThread))): rows on x, which has no 65535 limit. dlogits may be the logits themselves:
+// each vector is read, then written, by one thread.
+__global__ void ce_bwd_vec_kernel(const __nv_bfloat16* logits, const int32_t* __restrict__ labels,
+                                  const float* __restrict__ weights, const float* __restrict__ lse, float scale,
+                                  int64_t V, __nv_bfloat16* dlogits) {
+  const int64_t t = blockIdx.x;
+  const int32_t lab = labels[t];
+  const float w = weights ? weights[t] : 1.0f;
+  const bool zero = lab == kIgnoreIndex || w == 0.0f;
+  const float c = scale * w, l = lse[t];
+  const uint4* x = reinterpret_cast<const uint4*>(logits + t * V);
+  uint4* d = reinterpret_cast<uint4*>(dlogits + t * V);
+  const int64_t nv = V / 8, per_block = static_cast<int64_t>(kVecThreads) * kBwdVecsPerThread;
+  const int64_t v0 = blockIdx.y * per_block + threadIdx.x;
+  uint4 q[kBwdVecsPerThread];
+#pragma unroll
+  for (int k = 0; k < kBwdVecsPerThread; ++k) {
+    const int64_t i = v0 + k * kVecThreads;
+    if (i < nv && !zero) q[k] = x[i];
+  }
+#pragma unroll
+  for (int k = 0; k < kBwdVecsPerThread; ++k) {
+    const int64_t i = v0 + k * kVecThreads;
+    if (i >= nv) break;
+    uint4 o = make_uint4(0, 0, 0, 0);
+    if (!zero) {
+      float f[8];
+      unpack8(q[k], f);
+      uint32_t ow[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int64_t col = i * 8 + 2 * j;
+        const float p0 = expf(f[2 * j] - l), p1 = expf(f[2 * j + 1] - l);
+        const float d0 = c * (col == lab ? p0 - 1.0f : p0), d1 = c * (col + 1 == lab ? p1 - 1.0f : p1);
+        const __nv_bfloat162 h = __floats2bfloat162_rn(d0, d1);
+        ow[j] = *reinterpret_cast<const uint32_t*>(&h);
+      }
+      o = make_uint4(ow[0], ow[1], ow[2], ow[3]);
+    }
+    d[i] = o;
+  }
+}
+
+bool ce_vec_ok(const Tensor& logits, const Tensor* dlogits) {
+  const int64_t V = logits.size(1);
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (logits.dtype() != DType::kBF16 || V % 8 != 0 || !aligned(logits.data_ptr())) return false;
+  return !dlogits || (dlogits->dtype() == DType::kBF16 && aligned(dlogits->data_ptr()));
+}
+
 void check_ce(const Tensor& logits, const Tensor& labels, const Tensor& weights, const char* op) {
   need_cuda(logits, op, "logits");
   need_cuda(labels, op, "labels");
@@ -97,6 +213,13 @@ void cross_entropy_forward(Context& ctx, const Tensor& logits, const Tensor& lab
   need_numel(losses, T, op, "losses");
   need_numel(lse, T, op, "lse");
   if (!T) return;
+  if (ce_vec_ok(logits, nullptr)) {
+    ce_fwd_vec_kernel<<<static_cast<unsigned>(T), kVecThreads, 0, stream_of(ctx)>>>(
+        static_cast<const __nv_bfloat16*>(logits.data_ptr()), labels.data<int32_t>(),
+        weights.defined() ? weights.data<float>() : nullptr, V, losses.data<float>(), lse.data<float>());
+    check_launch(op);
+    return;
+  }
   MT_CUDA_DISPATCH(logits.dtype(), L, op,
     ce_fwd_kernel<<<static_cast<unsigned>(T), kThreads, 0, stream_of(ctx)>>>(
         static_cast<const L*>(logits.data_ptr()), labels.data<int32_t>(),
@@ -115,6 +238,16 @@ void cross_entropy_backward(Context& ctx, const Tensor& logits, const Tensor& la
   need_numel(lse, T, op, "lse");
   need_numel(dlogits, T * V, op, "dlogits");
   if (!T || !V) return;
+  if (ce_vec_ok(logits, &dlogits)) {
+    const int64_t per_block = static_cast<int64_t>(kVecThreads) * kBwdVecsPerThread;
+    const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>((V / 8 + per_block - 1) / per_block));
+    ce_bwd_vec_kernel<<<grid, kVecThreads, 0, stream_of(ctx)>>>(
+        static_cast<const __nv_bfloat16*>(logits.data_ptr()), labels.data<int32_t>(),
+        weights.defined() ? weights.data<float>() : nullptr, lse.data<float>(), dloss_scale, V,
+        static_cast<__nv_bfloat16*>(dlogits.data_ptr()));
+    check_launch(op);
+    return;
+  }
   MT_CUDA_DISPATCH(logits.dtype(), L, op,
     MT_CUDA_DISPATCH(dlogits.dtype(), D, op,
       ce_bwd_kernel<<<static_cast<unsigned>(T), kThreads, 0, stream_of(ctx)>>>(
