@@ -180,7 +180,7 @@ void rmsnorm_forward(Context& ctx, const Tensor& x, const Tensor& w, float eps, 
 }
 
 void rmsnorm_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& rstd,
-                      const Tensor& dy, Tensor& dx, Tensor& dw) {
+                      const Tensor& dy, Tensor& dx, Tensor& dw, bool dx_accumulate) {
   const char* op = "rmsnorm_backward";
   const Device dev = device_of(ctx, op, {{x, "x"}, {w, "w"}, {rstd, "rstd"}, {dy, "dy"}, {dx, "dx"}, {dw, "dw"}});
   expect_float(x, {-1, -1}, op, "x");
@@ -190,7 +190,7 @@ void rmsnorm_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tens
   expect_float(dy, {R, D}, op, "dy");
   expect_float(dx, {R, D}, op, "dx");
   expect(dw, {D}, DType::kF32, op, "dw");
-  MT_DISPATCH(dev, rmsnorm_backward, ctx, x, w, rstd, dy, dx, dw);
+  MT_DISPATCH(dev, rmsnorm_backward, ctx, x, w, rstd, dy, dx, dw, dx_accumulate);
 }
 
 // ---- GEMM ----------------------------------------------------------------------------------

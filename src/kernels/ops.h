@@ -45,9 +45,11 @@ void embedding_backward(Context& ctx, const Tensor& ids /*[T] i32*/, const Tenso
 // Per-head norms (q_norm/k_norm) pass x viewed as [T*heads, d].
 void rmsnorm_forward(Context& ctx, const Tensor& x /*[R,D]*/, const Tensor& w /*[D]*/, float eps,
                      Tensor& y /*[R,D]*/, Tensor& rstd /*[R] f32*/);
+// dx_accumulate: dx += the norm's input gradient (the residual stream's gradient, summed in f32 and
+// rounded once) instead of dx = it.
 void rmsnorm_backward(Context& ctx, const Tensor& x /*[R,D]*/, const Tensor& w /*[D]*/,
                       const Tensor& rstd /*[R]*/, const Tensor& dy /*[R,D]*/, Tensor& dx /*[R,D]*/,
-                      Tensor& dw /*[D] f32, +=*/);
+                      Tensor& dw /*[D] f32, +=*/, bool dx_accumulate = false);
 
 // ---- GEMM: C[M,N] = alpha * op(A) * op(B) + beta * C ---------------------------------------
 // c may be bf16 while a and b are f32 (a bf16 gradient on the CPU path): f32 sum, one rounding.

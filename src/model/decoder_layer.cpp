@@ -239,9 +239,8 @@ void attention_backward_part(Context& ctx, const ModelConfig& cfg, const LayerPa
   ops::matmul(ctx, dk2, Trans::kYes, s.a, Trans::kNo, g.k_proj, 1.0f, gb);
   ops::matmul(ctx, dv2, Trans::kYes, s.a, Trans::kNo, g.v_proj, 1.0f, gb);
 
-  Tensor dx = work_empty({T, H}, dt, dev);
-  ops::rmsnorm_backward(ctx, s.x, w.input_norm, s.rstd_in, da, dx, g.input_norm);
-  ops::add_(ctx, dh, dx);  // residual: d(input) = d(h) + d(norm path)
+  // residual: d(input) = d(h) + d(norm path), added by the norm's backward
+  ops::rmsnorm_backward(ctx, s.x, w.input_norm, s.rstd_in, da, dh, g.input_norm, /*dx_accumulate=*/true);
 }
 
 }  // namespace
@@ -274,11 +273,9 @@ void decoder_layer_backward(Context& ctx, const ModelConfig& cfg, const LayerPar
   } else {
     dense_ffn_backward(ctx, w, g, s, dout, db, gb);
   }
-  Tensor dh_part = work_empty({T, H}, s.b.dtype(), s.b.device());
-  ops::rmsnorm_backward(ctx, s.h, w.post_norm, s.rstd_post, db, dh_part, g.post_norm);
+  // dout += the post-norm path's gradient: dout now holds d(loss)/d(h)
+  ops::rmsnorm_backward(ctx, s.h, w.post_norm, s.rstd_post, db, dout, g.post_norm, /*dx_accumulate=*/true);
   db = Tensor();
-  ops::add_(ctx, dout, dh_part);  // dout now holds d(loss)/d(h)
-  dh_part = Tensor();
   attention_backward_part(ctx, cfg, w, g, batch, s, dout, gb);
 }
 

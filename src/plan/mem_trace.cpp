@@ -131,10 +131,27 @@ struct LayerIds {
 
 int64_t chunks_of(double rows) { return static_cast<int64_t>(std::min(rows, 256.0)); }  // kMaxChunks
 
-// CUDA rmsnorm_backward: f32 partial dw sums, min(R, 256) x D.
-void rmsnorm_bwd_scratch(Trace& t, const TraceShape& s, double rows, double D) {
+// CUDA rmsnorm_backward: f32 partial dw sums [chunks, D]. The bf16 vector kernel (D a power of two
+// from 128 to 2048) takes rows per block = max(16, ceil(R / 512) rounded up to 8); the scalar one
+// chunks of 32 rows, at most 4M / D of them (cuda/rmsnorm.cu).
+void rmsnorm_bwd_scratch(Trace& t, const TraceShape& s, double rows, double D, double dt, bool accumulate = false) {
   if (!s.on_cuda) return;
-  t.free(t.alloc(TraceGroup::kLayerTemp, kWork, static_cast<double>(chunks_of(rows)) * D * 4, "rmsnorm dw partials"));
+  const auto R = static_cast<int64_t>(rows), d = static_cast<int64_t>(D);
+  const bool vec = dt == 2 && (d == 128 || d == 256 || d == 512 || d == 1024 || d == 2048);
+  int64_t chunks;
+  if (vec) {
+    const int64_t per = std::max<int64_t>(16, ((R + 511) / 512 + 7) / 8 * 8);
+    chunks = (R + per - 1) / per;
+  } else {
+    chunks = std::min<int64_t>({(R + 31) / 32, std::max<int64_t>((int64_t{4} << 20) / std::max<int64_t>(d, 1), 1),
+                                int64_t{65535}});
+    const int64_t per = (R + chunks - 1) / std::max<int64_t>(chunks, 1);
+    chunks = (R + per - 1) / std::max<int64_t>(per, 1);
+  }
+  // The scalar kernels add into dx through a temporary [R, D] (f32 compute dtype).
+  const int part = !vec && accumulate ? t.alloc(TraceGroup::kLayerTemp, kWork, rows * D * dt, "rmsnorm dx part") : -1;
+  t.free(t.alloc(TraceGroup::kLayerTemp, kWork, static_cast<double>(chunks) * D * 4, "rmsnorm dw partials"));
+  if (part >= 0) t.free(part);
 }
 
 // CUDA attention_backward scratch: flash path (bf16, d 64/128) dsum [nh,T] + dK/dV partials of
@@ -301,24 +318,21 @@ void layer_backward(Trace& t, const ModelConfig& c, const Dims& d, const TraceSh
     t.free(dact);
     t.free(dgu);
   }
-  const int dh_part = W(T * d.H * dt, "dh_part");
-  rmsnorm_bwd_scratch(t, s, T, d.H);
+  rmsnorm_bwd_scratch(t, s, T, d.H, dt, true);  // adds into dout: no dh_part
   t.free(db);
-  t.free(dh_part);
   // attention_backward_part
   const int dattn = W(T * d.qw * dt, "dattn");
   const int dq = W(T * d.qw * dt, "dq"), dk = W(T * d.kvw * dt, "dk"), dv = W(T * d.kvw * dt, "dv");
   attention_bwd_scratch(t, c, d, s);
   t.free(dattn);
   const int dqn = W(T * d.qw * dt, "dqn"), dkn = W(T * d.kvw * dt, "dkn");
-  rmsnorm_bwd_scratch(t, s, T * d.nh, static_cast<double>(c.head_dim));
-  rmsnorm_bwd_scratch(t, s, T * d.nkv, static_cast<double>(c.head_dim));
+  rmsnorm_bwd_scratch(t, s, T * d.nh, static_cast<double>(c.head_dim), dt);
+  rmsnorm_bwd_scratch(t, s, T * d.nkv, static_cast<double>(c.head_dim), dt);
   t.free(dqn);
   t.free(dkn);
   const int da = W(T * d.H * dt, "da");
-  const int dx = W(T * d.H * dt, "dx");
-  rmsnorm_bwd_scratch(t, s, T, d.H);
-  for (int id : {da, dx, dq, dk, dv}) t.free(id);
+  rmsnorm_bwd_scratch(t, s, T, d.H, dt, true);  // adds into dh: no dx
+  for (int id : {da, dq, dk, dv}) t.free(id);
 }
 
 struct ForwardState {
@@ -399,7 +413,7 @@ ForwardState forward(Trace& t, const ModelConfig& c, const Dims& d, const TraceS
   t.free(t.alloc(TraceGroup::kHead, kWork, rows * d.V * dt, "logits/dlogits chunk [rows,V]"));
   if (s.fused_head) {
     f.dh = t.alloc(TraceGroup::kHeadGrad, kWork, T * d.H * dt, "dh [T,H]");
-    rmsnorm_bwd_scratch(t, s, T, d.H);
+    rmsnorm_bwd_scratch(t, s, T, d.H, dt);
     for (int id : {f.fn, f.rstd, dx, f.hl}) t.free(id);
     f.fn = f.rstd = f.hl = -1;
   }
@@ -420,7 +434,7 @@ void backward(Trace& t, const ModelConfig& c, const Dims& d, const TraceShape& s
     t.free(t.alloc(TraceGroup::kHead, kWork, rows * d.V * dt, "logits/dlogits chunk [rows,V]"));
     t.free(f.fn);
     dh = t.alloc(TraceGroup::kHeadGrad, kWork, T * d.H * dt, "dh [T,H]");
-    rmsnorm_bwd_scratch(t, s, T, d.H);
+    rmsnorm_bwd_scratch(t, s, T, d.H, dt);
     for (int id : {nll, lse, dx, f.hl, f.rstd}) t.free(id);
   } else if (!s.head) {
     // A pipeline stage without the head receives d(output) and frees its output.

@@ -81,10 +81,16 @@ TEST(Backend, RmsNorm) {
   MT_REQUIRE_GPU();
   struct Case { int64_t R, D; };
   // 40000 x 128: the q/k-norm shape (tokens x heads rows of head_dim): 1250 dw chunks of 32 rows.
-  for (const Case c : {Case{37, 2048}, Case{1000, 128}, Case{40000, 128}, Case{70, 40}, Case{5, 100}, Case{1, 3}}) {
-    for (DType dt : kDtypes) {
+  // bf16 with D 128 .. 2048 takes the vector kernels (one read of x and dy in backward); the weight
+  // is bf16 or f32 (a master copy); backward also runs adding into dx (the residual's gradient).
+  for (const Case c : {Case{37, 2048}, Case{4100, 2048}, Case{33, 1024}, Case{1000, 128}, Case{40000, 128},
+                       Case{70, 40}, Case{5, 100}, Case{1, 3}}) {
+    for (int variant = 0; variant < 3; ++variant) {
+      const DType dt = variant == 0 ? DType::kF32 : DType::kBF16;
+      const DType wdt = variant == 2 ? DType::kF32 : dt;
+      const bool acc = variant == 2;
       Pair x = input(randn(c.R * c.D, 31, 2.0f), {c.R, c.D}, dt);
-      Pair w = input(randu(c.D, 32, 0.5f, 1.5f), {c.D}, dt);
+      Pair w = input(randu(c.D, 32, 0.5f, 1.5f), {c.D}, wdt);
       Pair y = output({c.R, c.D}, dt);
       Pair rstd = output({c.R}, DType::kF32);
       ops::rmsnorm_forward(gpu_ctx(), x.gpu, w.gpu, 1e-6f, y.gpu, rstd.gpu);
@@ -93,16 +99,19 @@ TEST(Backend, RmsNorm) {
       check("rmsnorm_forward", "rstd", rstd, 1e-6);
 
       Pair dy = input(randn(c.R * c.D, 33), {c.R, c.D}, dt);
-      Pair dx = output({c.R, c.D}, dt);
+      const auto prior = randn(c.R * c.D, 35);
+      Pair dx = acc ? output({c.R, c.D}, dt, &prior) : output({c.R, c.D}, dt);
       const auto init = randn(c.D, 34);
       Pair dw = output({c.D}, DType::kF32, &init);
       // Both sides use the CPU's rstd so the comparison isolates the backward.
       Pair rs{rstd.cpu, rstd.cpu.to(Device::cuda(0))};
       device_sync();
-      ops::rmsnorm_backward(gpu_ctx(), x.gpu, w.gpu, rs.gpu, dy.gpu, dx.gpu, dw.gpu);
-      cpu::rmsnorm_backward(cpu_ctx(), x.cpu, w.cpu, rs.cpu, dy.cpu, dx.cpu, dw.cpu);
-      check("rmsnorm_backward", "dx", dx, tol_for(dt));
-      check("rmsnorm_backward", "dw", dw, 1e-5);
+      ops::rmsnorm_backward(gpu_ctx(), x.gpu, w.gpu, rs.gpu, dy.gpu, dx.gpu, dw.gpu, acc);
+      cpu::rmsnorm_backward(cpu_ctx(), x.cpu, w.cpu, rs.cpu, dy.cpu, dx.cpu, dw.cpu, acc);
+      const std::string what = std::string(acc ? " (dx +=, f32 w)" : "") + " R" + std::to_string(c.R) + " D" +
+                               std::to_string(c.D);
+      check("rmsnorm_backward", "dx" + what, dx, tol_for(dt));
+      check("rmsnorm_backward", "dw" + what, dw, 1e-5);
     }
   }
 }

@@ -45,7 +45,7 @@ void embedding_backward(Context& ctx, const Tensor& ids, const Tensor& dout, Ten
 void rmsnorm_forward(Context& ctx, const Tensor& x, const Tensor& w, float eps, Tensor& y,
                      Tensor& rstd);
 void rmsnorm_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& rstd,
-                      const Tensor& dy, Tensor& dx, Tensor& dw);
+                      const Tensor& dy, Tensor& dx, Tensor& dw, bool dx_accumulate);
 
 // ---- matmul.cpp -----------------------------------------------------------------------------
 void matmul(Context& ctx, const Tensor& a, Trans ta, const Tensor& b, Trans tb, Tensor& c,

@@ -34,7 +34,7 @@ void rmsnorm_forward(Context& ctx, const Tensor& x, const Tensor& w, float eps, 
 }
 
 void rmsnorm_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& rstd,
-                      const Tensor& dy, Tensor& dx, Tensor& dw) {
+                      const Tensor& dy, Tensor& dx, Tensor& dw, bool dx_accumulate) {
   require_f32("rmsnorm_backward", {{x, "x"}, {w, "w"}, {dy, "dy"}, {dx, "dx"}, {dw, "dw"}});
   const int64_t R = x.size(0), D = x.size(1);
   const float* xp = x.data<float>();
@@ -54,7 +54,8 @@ void rmsnorm_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tens
       float* dr = dxp + r * D;
       for (int64_t i = 0; i < D; ++i) {
         const double xhat = xr[i] * rs;
-        dr[i] = static_cast<float>(rs * (static_cast<double>(gr[i]) * wp[i] - xhat * mean_dot));
+        const double d = rs * (static_cast<double>(gr[i]) * wp[i] - xhat * mean_dot);
+        dr[i] = static_cast<float>(dx_accumulate ? d + dr[i] : d);
       }
     }
   });

@@ -89,6 +89,15 @@ TEST(RMSNorm, BackwardMatchesFiniteDifferences) {
   expect_close(dx, gx, 1e-4, 1e-5, "rmsnorm dx");
   expect_close(dw, gw, 1e-4, 1e-5, "rmsnorm dw");
 
+  // dx_accumulate: the residual stream's gradient plus the norm's (dw adds a second time).
+  auto prior = randn(R * D, 34);
+  Tensor dx_acc = tensor(prior, {R, D});
+  ops::rmsnorm_backward(ctx, xt, wt, rstd, tensor(rw, {R, D}), dx_acc, dw, /*dx_accumulate=*/true);
+  for (int64_t i = 0; i < R * D; ++i) gx[i] += prior[i];
+  for (int64_t i = 0; i < D; ++i) gw[i] += gw[i] - dw0[i];
+  expect_close(dx_acc, gx, 1e-4, 1e-5, "rmsnorm dx (accumulate)");
+  expect_close(dw, gw, 1e-4, 1e-5, "rmsnorm dw (second call)");
+
   Tensor rstd_bad = Tensor::zeros({R}, DType::kBF16);
   EXPECT_THROW(ops::rmsnorm_backward(ctx, xt, wt, rstd_bad, tensor(rw, {R, D}), dx, dw), Error);
 }
