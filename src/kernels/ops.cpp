@@ -234,6 +234,44 @@ void rope_backward(Context& ctx, const Tensor& dy, const Tensor& pos, float thet
   MT_DISPATCH(dev, rope_backward, ctx, dy, pos, theta, dx);
 }
 
+// ---- RMSNorm + RoPE (q/k path) ---------------------------------------------------------------
+void norm_rope_forward(Context& ctx, const Tensor& x, const Tensor& w, float eps, const Tensor& pos, float theta,
+                       Tensor& y, Tensor& rstd) {
+  const char* op = "norm_rope_forward";
+  const Device dev = device_of(ctx, op, {{x, "x"}, {w, "w"}, {pos, "pos"}, {y, "y"}, {rstd, "rstd"}});
+  expect_float(x, {-1, -1, -1}, op, "x");
+  const int64_t T = x.size(0), heads = x.size(1), d = x.size(2);
+  MT_CHECK(d % 2 == 0, "[norm_rope_forward] head dim {} must be even", d);
+  expect_float(w, {d}, op, "w");
+  expect(pos, {T}, DType::kI32, op, "pos");
+  check_shape(y, x.shape(), op, "y");
+  check_same_dtype(y, x, op, "y", "x");
+  expect(rstd, {T * heads}, DType::kF32, op, "rstd");
+  MT_CHECK(eps >= 0.0f, "[norm_rope_forward] eps = {} must be >= 0", eps);
+  MT_CHECK(theta > 0.0f, "[norm_rope_forward] theta = {} must be > 0", theta);
+  MT_DISPATCH(dev, norm_rope_forward, ctx, x, w, eps, pos, theta, y, rstd);
+}
+
+void norm_rope_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& pos,
+                        float theta, const Tensor& dy, Tensor& dx, Tensor& dw) {
+  const char* op = "norm_rope_backward";
+  const Device dev = device_of(
+      ctx, op, {{x, "x"}, {w, "w"}, {rstd, "rstd"}, {pos, "pos"}, {dy, "dy"}, {dx, "dx"}, {dw, "dw"}});
+  expect_float(x, {-1, -1, -1}, op, "x");
+  const int64_t T = x.size(0), heads = x.size(1), d = x.size(2);
+  MT_CHECK(d % 2 == 0, "[norm_rope_backward] head dim {} must be even", d);
+  expect_float(w, {d}, op, "w");
+  expect(rstd, {T * heads}, DType::kF32, op, "rstd");
+  expect(pos, {T}, DType::kI32, op, "pos");
+  check_shape(dy, x.shape(), op, "dy");
+  check_shape(dx, x.shape(), op, "dx");
+  check_same_dtype(dx, x, op, "dx", "x");
+  check_same_dtype(dy, x, op, "dy", "x");
+  expect(dw, {d}, DType::kF32, op, "dw");
+  MT_CHECK(theta > 0.0f, "[norm_rope_backward] theta = {} must be > 0", theta);
+  MT_DISPATCH(dev, norm_rope_backward, ctx, x, w, rstd, pos, theta, dy, dx, dw);
+}
+
 // ---- attention -----------------------------------------------------------------------------
 namespace {
 void check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,

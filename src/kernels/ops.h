@@ -63,6 +63,19 @@ void rope_forward(Context& ctx, const Tensor& x /*[T,heads,d]*/, const Tensor& p
 void rope_backward(Context& ctx, const Tensor& dy /*[T,heads,d]*/, const Tensor& pos /*[T] i32*/,
                    float theta, Tensor& dx /*[T,heads,d]*/);
 
+// ---- Qwen3's q/k path fused: per-head RMSNorm over d, then RoPE -----------------------------
+// y = rope(rmsnorm(x, w, eps), pos); rstd [T*heads] as rmsnorm_forward's. The normed value is
+// rounded to x's dtype before the rotation, as the two ops in sequence store it, so the result
+// has the bits of rmsnorm_forward then rope_forward (on the CPU it is that pair).
+void norm_rope_forward(Context& ctx, const Tensor& x /*[T,heads,d]*/, const Tensor& w /*[d]*/, float eps,
+                       const Tensor& pos /*[T] i32*/, float theta, Tensor& y /*[T,heads,d]*/,
+                       Tensor& rstd /*[T*heads] f32*/);
+// dx = rmsnorm_backward(x, w, rstd, rope_backward(dy)) (the rotated gradient rounded to dy's dtype
+// in between, as stored by the pair); dw += the norm weight's gradient. dx may alias dy.
+void norm_rope_backward(Context& ctx, const Tensor& x /*[T,heads,d]*/, const Tensor& w /*[d]*/,
+                        const Tensor& rstd /*[T*heads]*/, const Tensor& pos /*[T] i32*/, float theta,
+                        const Tensor& dy /*[T,heads,d]*/, Tensor& dx /*[T,heads,d]*/, Tensor& dw /*[d] f32, +=*/);
+
 // ---- causal GQA attention over packed documents ---------------------------------------------
 // cu_seqlens [docs+1] i32: document start offsets, first 0, last T. A query attends keys of its
 // own document at positions <= its own. Query head j reads kv head j / (nh / nkv).

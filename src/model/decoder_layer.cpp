@@ -47,13 +47,10 @@ void qk_norm_rope(Context& ctx, const ModelConfig& cfg, const LayerParams& w, co
   const DType dt = s.q_raw.dtype();
   const Device dev = s.q_raw.device();
   const float eps = static_cast<float>(cfg.rms_norm_eps), theta = static_cast<float>(cfg.rope_theta);
-  Tensor qn = work_empty({T * nh, d}, dt, dev), kn = work_empty({T * nkv, d}, dt, dev);
-  ops::rmsnorm_forward(ctx, s.q_raw.view({T * nh, d}), w.q_norm, eps, qn, q_rstd);
-  ops::rmsnorm_forward(ctx, s.k_raw.view({T * nkv, d}), w.k_norm, eps, kn, k_rstd);
   s.q = act_empty({T, nh, d}, dt, dev);
   s.k = act_empty({T, nkv, d}, dt, dev);
-  ops::rope_forward(ctx, qn.view({T, nh, d}), batch.positions, theta, s.q);
-  ops::rope_forward(ctx, kn.view({T, nkv, d}), batch.positions, theta, s.k);
+  ops::norm_rope_forward(ctx, s.q_raw.view({T, nh, d}), w.q_norm, eps, batch.positions, theta, s.q, q_rstd);
+  ops::norm_rope_forward(ctx, s.k_raw.view({T, nkv, d}), w.k_norm, eps, batch.positions, theta, s.k, k_rstd);
 }
 
 // softmax(q k^T / sqrt(d) + causal document mask) v -> attn, lse.
@@ -219,16 +216,9 @@ void attention_backward_part(Context& ctx, const ModelConfig& cfg, const LayerPa
                           batch.max_seqlen, scale, dq, dk, dv);
   dattn = Tensor();
 
-  // RoPE backward, then the per-head norms; reuse buffers where shapes allow.
-  Tensor dqn = work_empty({T, nh, d}, dt, dev), dkn = work_empty({T, nkv, d}, dt, dev);
-  ops::rope_backward(ctx, dq, batch.positions, theta, dqn);
-  ops::rope_backward(ctx, dk, batch.positions, theta, dkn);
-  Tensor dq_raw = dq.view({T * nh, d}), dk_raw = dk.view({T * nkv, d});
-  ops::rmsnorm_backward(ctx, s.q_raw.view({T * nh, d}), w.q_norm, s.q_rstd, dqn.view({T * nh, d}), dq_raw, g.q_norm);
-  ops::rmsnorm_backward(ctx, s.k_raw.view({T * nkv, d}), w.k_norm, s.k_rstd, dkn.view({T * nkv, d}), dk_raw,
-                        g.k_norm);
-  dqn = Tensor();
-  dkn = Tensor();
+  // RoPE backward, then the per-head norms (one op each), in place: dq, dk become the raw gradients.
+  ops::norm_rope_backward(ctx, s.q_raw.view({T, nh, d}), w.q_norm, s.q_rstd, batch.positions, theta, dq, dq, g.q_norm);
+  ops::norm_rope_backward(ctx, s.k_raw.view({T, nkv, d}), w.k_norm, s.k_rstd, batch.positions, theta, dk, dk, g.k_norm);
 
   Tensor dq2 = dq.view({T, nh * d}), dk2 = dk.view({T, nkv * d}), dv2 = dv.view({T, nkv * d});
   Tensor da = work_empty({T, H}, dt, dev);

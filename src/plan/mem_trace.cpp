@@ -183,16 +183,23 @@ void logsumexp_temps(Trace& t, double T) {
   t.free(un);
 }
 
-// qk_norm_rope: qn, kn scratch around the q, k activations.
-void qk_norm_rope(Trace& t, const Dims& d, TraceGroup g, const std::function<int(double, const char*, bool)>& A) {
+// ops::norm_rope_forward/backward run one fused kernel without scratch on CUDA for bf16, head dim 128
+// and a block's rows spanning at most 72 tokens (cuda/rmsnorm.cu); otherwise the norm and the rotation
+// in sequence through a temporary of the tensor's size.
+bool norm_rope_fused(const TraceShape& s, const Dims& d, double heads) {
+  if (!s.on_cuda || d.dt != 2 || d.qw != 128 * d.nh) return false;
+  const auto R = static_cast<int64_t>(d.T * heads), h = static_cast<int64_t>(heads);
+  const int64_t per = std::max<int64_t>(16, ((R + 511) / 512 + 7) / 8 * 8);
+  return (per + h - 1) / h + 1 <= 72;
+}
+
+// qk_norm_rope: q, k, then each one's normed temporary when not fused.
+void qk_norm_rope(Trace& t, const Dims& d, const TraceShape& s, const std::function<int(double, const char*, bool)>& A) {
   const double T = d.T, dt = d.dt;
-  const int qn = t.alloc(TraceGroup::kLayerTemp, kWork, T * d.qw * dt, "qn");
-  const int kn = t.alloc(TraceGroup::kLayerTemp, kWork, T * d.kvw * dt, "kn");
   A(T * d.qw * dt, "q (normed, RoPE) [T,nh*d]", true);
   A(T * d.kvw * dt, "k (normed, RoPE) [T,nkv*d]", true);
-  t.free(qn);
-  t.free(kn);
-  (void)g;
+  if (!norm_rope_fused(s, d, d.nh)) t.free(t.alloc(TraceGroup::kLayerTemp, kWork, T * d.qw * dt, "qn"));
+  if (!norm_rope_fused(s, d, d.nkv)) t.free(t.alloc(TraceGroup::kLayerTemp, kWork, T * d.kvw * dt, "kn"));
 }
 
 // decoder_layer_forward (attention_forward_part + dense/moe ffn forward); returns `out`.
@@ -212,7 +219,7 @@ int layer_forward(Trace& t, const Dims& d, const TraceShape& s, bool sparse, int
   A(T * d.kvw * dt, "v [T,nkv*d]", false);
   A(T * d.nh * 4, "q_rstd [T*nh] f32", false);
   A(T * d.nkv * 4, "k_rstd [T*nkv] f32", false);
-  qk_norm_rope(t, d, g, A);
+  qk_norm_rope(t, d, s, A);
   A(T * d.qw * dt, "attn (attention out) [T,nh*d]", true);
   A(T * d.nh * 4, "lse [nh,T] f32", true);
   A(T * d.H * dt, "h (after attention residual) [T,H]", false);
@@ -272,7 +279,7 @@ std::vector<int> layer_restore(Trace& t, const Dims& d, const TraceShape& s, boo
   const int rstd = W(T * 4, "rstd (recomputed) [T]");
   A(T * d.H * dt, "a", true);
   const int qr = W(T * d.nh * 4, "q_rstd (recomputed)"), kr = W(T * d.nkv * 4, "k_rstd (recomputed)");
-  qk_norm_rope(t, d, TraceGroup::kRecomputed, A);
+  qk_norm_rope(t, d, s, A);
   A(T * d.qw * dt, "attn", true);
   A(T * d.nh * 4, "lse", true);
   A(T * d.H * dt, "b", true);
@@ -325,11 +332,12 @@ void layer_backward(Trace& t, const ModelConfig& c, const Dims& d, const TraceSh
   const int dq = W(T * d.qw * dt, "dq"), dk = W(T * d.kvw * dt, "dk"), dv = W(T * d.kvw * dt, "dv");
   attention_bwd_scratch(t, c, d, s);
   t.free(dattn);
-  const int dqn = W(T * d.qw * dt, "dqn"), dkn = W(T * d.kvw * dt, "dkn");
-  rmsnorm_bwd_scratch(t, s, T * d.nh, static_cast<double>(c.head_dim), dt);
-  rmsnorm_bwd_scratch(t, s, T * d.nkv, static_cast<double>(c.head_dim), dt);
-  t.free(dqn);
-  t.free(dkn);
+  // norm_rope_backward, q then k, into dq and dk (a temporary for the rotated gradient when not fused)
+  for (const auto& [heads, width] : {std::pair{d.nh, d.qw}, std::pair{d.nkv, d.kvw}}) {
+    const int tmp = norm_rope_fused(s, d, heads) ? -1 : W(T * width * dt, "d(normed) q or k");
+    rmsnorm_bwd_scratch(t, s, T * heads, static_cast<double>(c.head_dim), dt);
+    if (tmp >= 0) t.free(tmp);
+  }
   const int da = W(T * d.H * dt, "da");
   rmsnorm_bwd_scratch(t, s, T, d.H, dt, true);  // adds into dh: no dx
   for (int id : {da, dq, dk, dv}) t.free(id);

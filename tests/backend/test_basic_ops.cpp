@@ -189,6 +189,61 @@ TEST(Backend, Rope) {
   }
 }
 
+// The fused q/k norm + RoPE (bf16, head dim 128: one kernel each way) gives the bits of the two ops
+// in sequence on the GPU, and matches the CPU; head dim 64 takes the unfused path inside the op.
+// Backward runs in place (dx = dy's buffer), as the decoder calls it.
+TEST(Backend, NormRope) {
+  MT_REQUIRE_GPU();
+  struct Case { int64_t T, heads, d; DType wdt; };
+  for (const Case c : {Case{300, 32, 128, DType::kBF16}, Case{1100, 4, 128, DType::kF32}, Case{9, 3, 128, DType::kBF16},
+                       Case{50, 4, 64, DType::kBF16}}) {
+    const std::string tag = "T" + std::to_string(c.T) + " heads " + std::to_string(c.heads) + " d" + std::to_string(c.d);
+    const int64_t n = c.T * c.heads * c.d, R = c.T * c.heads;
+    std::vector<int32_t> pos(static_cast<size_t>(c.T));
+    for (int64_t t = 0; t < c.T; ++t) pos[t] = static_cast<int32_t>((t * 7919) % 40960);
+    Pair p = input_ints(pos, {c.T});
+    Pair x = input(randn(n, 61, 2.0f), {c.T, c.heads, c.d}, DType::kBF16);
+    Pair w = input(randu(c.d, 62, 0.5f, 1.5f), {c.d}, c.wdt);
+    Pair y = output({c.T, c.heads, c.d}, DType::kBF16), rstd = output({R}, DType::kF32);
+    ops::norm_rope_forward(gpu_ctx(), x.gpu, w.gpu, 1e-6f, p.gpu, 1e6f, y.gpu, rstd.gpu);
+    cpu::norm_rope_forward(cpu_ctx(), x.cpu, w.cpu, 1e-6f, p.cpu, 1e6f, y.cpu, rstd.cpu);
+    check("norm_rope_forward", "y " + tag, y, kTolBf16);
+    check("norm_rope_forward", "rstd " + tag, rstd, 1e-6);
+    // The unfused pair on the GPU: the same bits.
+    Tensor xn = Tensor::empty({R, c.d}, DType::kBF16, Device::cuda(0)), rs2 = Tensor::empty({R}, DType::kF32, Device::cuda(0));
+    Pair y2 = output({c.T, c.heads, c.d}, DType::kBF16);
+    ops::rmsnorm_forward(gpu_ctx(), x.gpu.view({R, c.d}), w.gpu, 1e-6f, xn, rs2);
+    ops::rope_forward(gpu_ctx(), xn.view({c.T, c.heads, c.d}), p.gpu, 1e6f, y2.gpu);
+    device_sync();
+    y2.cpu = y.gpu.to(Device::cpu());
+    check_exact("norm_rope_forward", "= rmsnorm then rope, " + tag, y2);
+
+    const auto dyv = randn(n, 63);
+    Pair dy = output({c.T, c.heads, c.d}, DType::kBF16, &dyv);  // becomes dx (in place)
+    const auto init = randn(c.d, 64);
+    Pair dw = output({c.d}, DType::kF32, &init);
+    Pair rsp{rstd.cpu, rstd.cpu.to(Device::cuda(0))};
+    device_sync();
+    Tensor dy_in = dy.cpu.clone();
+    ops::norm_rope_backward(gpu_ctx(), x.gpu, w.gpu, rsp.gpu, p.gpu, 1e6f, dy.gpu, dy.gpu, dw.gpu);
+    cpu::norm_rope_backward(cpu_ctx(), x.cpu, w.cpu, rsp.cpu, p.cpu, 1e6f, dy_in, dy.cpu, dw.cpu);
+    check("norm_rope_backward", "dx (in place) " + tag, dy, kTolBf16);
+    // The GPU rounds the rotated gradient to bf16 before the norm (as the unfused pair stores it).
+    check("norm_rope_backward", "dw " + tag, dw, kTolBf16);
+    // The unfused pair: the same bits for dx and dw.
+    Tensor dy2 = input(dyv, {c.T, c.heads, c.d}, DType::kBF16).gpu, dxn = Tensor::empty({c.T, c.heads, c.d}, DType::kBF16, Device::cuda(0));
+    Pair dx2 = output({R, c.d}, DType::kBF16);
+    Pair dw2 = output({c.d}, DType::kF32, &init);
+    ops::rope_backward(gpu_ctx(), dy2, p.gpu, 1e6f, dxn);
+    ops::rmsnorm_backward(gpu_ctx(), x.gpu.view({R, c.d}), w.gpu, rsp.gpu, dxn.view({R, c.d}), dx2.gpu, dw2.gpu);
+    device_sync();
+    dx2.cpu = dy.gpu.to(Device::cpu());
+    dw2.cpu = dw.gpu.to(Device::cpu());
+    check_exact("norm_rope_backward", "dx = rope then rmsnorm backward, " + tag, dx2);
+    check_exact("norm_rope_backward", "dw = rope then rmsnorm backward, " + tag, dw2);
+  }
+}
+
 TEST(Backend, SwiGlu) {
   MT_REQUIRE_GPU();
   struct Case { int64_t N, I; };

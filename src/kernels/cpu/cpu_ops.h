@@ -51,6 +51,10 @@ void rmsnorm_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tens
 void matmul(Context& ctx, const Tensor& a, Trans ta, const Tensor& b, Trans tb, Tensor& c,
             float alpha, float beta);
 
+void norm_rope_forward(Context& ctx, const Tensor& x, const Tensor& w, float eps, const Tensor& pos, float theta,
+                       Tensor& y, Tensor& rstd);
+void norm_rope_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& pos,
+                        float theta, const Tensor& dy, Tensor& dx, Tensor& dw);
 // ---- rope.cpp -------------------------------------------------------------------------------
 // Angles follow Hugging Face's fp32 recipe: inv_freq_i = 1 / powf(theta, float(2i) / float(d)),
 // angle = float(pos) * inv_freq_i (one fp32 product), cos/sin of that fp32 angle.

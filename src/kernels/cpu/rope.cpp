@@ -53,4 +53,22 @@ void rope_backward(Context& ctx, const Tensor& dy, const Tensor& pos, float thet
   rotate(ctx, dy, pos, theta, -1.0f, dx, "rope_backward");
 }
 
+// The q/k path: the two ops in sequence through a temporary (the CUDA backend fuses them).
+void norm_rope_forward(Context& ctx, const Tensor& x, const Tensor& w, float eps, const Tensor& pos, float theta,
+                       Tensor& y, Tensor& rstd) {
+  const int64_t T = x.size(0), heads = x.size(1), d = x.size(2);
+  Tensor xn = Tensor::empty({T * heads, d}, x.dtype(), x.device(), MemCategory::kWorkspace);
+  rmsnorm_forward(ctx, x.view({T * heads, d}), w, eps, xn, rstd);
+  rope_forward(ctx, xn.view({T, heads, d}), pos, theta, y);
+}
+
+void norm_rope_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& pos,
+                        float theta, const Tensor& dy, Tensor& dx, Tensor& dw) {
+  const int64_t T = x.size(0), heads = x.size(1), d = x.size(2);
+  Tensor dxn = Tensor::empty({T, heads, d}, dy.dtype(), dy.device(), MemCategory::kWorkspace);
+  rope_backward(ctx, dy, pos, theta, dxn);
+  Tensor dxv = dx.view({T * heads, d});
+  rmsnorm_backward(ctx, x.view({T * heads, d}), w, rstd, dxn.view({T * heads, d}), dxv, dw, false);
+}
+
 }  // namespace moetrain::cpu

@@ -39,6 +39,10 @@ void matmul(Context& ctx, const Tensor& a, Trans ta, const Tensor& b, Trans tb, 
             float alpha = 1.0f, float beta = 0.0f);
 
 // ---- RoPE ----------------------------------------------------------------------------------
+void norm_rope_forward(Context& ctx, const Tensor& x, const Tensor& w, float eps, const Tensor& pos, float theta,
+                       Tensor& y, Tensor& rstd);
+void norm_rope_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& pos,
+                        float theta, const Tensor& dy, Tensor& dx, Tensor& dw);
 void rope_forward(Context& ctx, const Tensor& x, const Tensor& pos, float theta, Tensor& y);
 void rope_backward(Context& ctx, const Tensor& dy, const Tensor& pos, float theta, Tensor& dx);
 

@@ -3,6 +3,7 @@
 // row; dw += sum over rows of dy * xhat, as a deterministic two-pass column reduction in fp32
 // (fixed chunks of 32 rows, then the chunk partials added in a fixed tree): no atomics.
 #include <algorithm>
+#include <cmath>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
@@ -145,42 +146,108 @@ struct Lanes {
   }
 };
 
-template <int EPL, typename W>
+// RoPE for the fused q/k path (D = 128): cos and sin of the block's tokens, computed once per block
+// with the CPU's recipe (angle = float(pos) * inv_freq in fp32, cos/sin in double, then float).
+constexpr int kRopeHalf = 64;
+constexpr int kRopeMaxTokens = 72;  // tokens one block's rows may span: 36 KB of table
+struct InvFreq64 {
+  float v[kRopeHalf];
+};
+template <bool kRope>
+struct RopeTable {
+  float cs[1][1], sn[1][1];
+};
+template <>
+struct RopeTable<true> {
+  float cs[kRopeMaxTokens][kRopeHalf], sn[kRopeMaxTokens][kRopeHalf];
+};
+struct RopeArgs {
+  const int32_t* pos = nullptr;
+  InvFreq64 inv{};
+  int64_t heads = 1;
+  float sign = 1.0f;  // +1 forward, -1 backward (the inverse rotation)
+};
+template <bool kRope>
+__device__ void fill_rope_table(RopeTable<kRope>& tab, const RopeArgs& ra, int64_t t0, int64_t tokens) {
+  if constexpr (kRope) {
+    for (int64_t e = threadIdx.x; e < tokens * kRopeHalf; e += blockDim.x) {
+      const int64_t lt = e / kRopeHalf, i = e - lt * kRopeHalf;
+      const float angle = static_cast<float>(ra.pos[t0 + lt]) * ra.inv.v[i];
+      tab.cs[lt][i] = static_cast<float>(cos(static_cast<double>(angle)));
+      tab.sn[lt][i] = ra.sign * static_cast<float>(sin(static_cast<double>(angle)));
+    }
+    __syncthreads();
+  }
+}
+// Rotates a D = 128 row held as 4 columns per lane (lane L: 4L..4L+3; its pair is lane L ^ 16), with
+// the rope kernel's rounding-free float ops, each rounded to nearest (no contraction), as the CPU.
+template <bool kRope>
+__device__ __forceinline__ void rotate_row(const RopeTable<kRope>& tab, int64_t lt, int lane, float (&v)[4]) {
+  if constexpr (kRope) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float other = __shfl_xor_sync(0xffffffffu, v[j], 16);
+      const int i = (4 * lane + j) & (kRopeHalf - 1);
+      const float c = tab.cs[lt][i], sn = tab.sn[lt][i];
+      v[j] = lane < 16 ? __fsub_rn(__fmul_rn(v[j], c), __fmul_rn(other, sn))
+                       : __fadd_rn(__fmul_rn(v[j], c), __fmul_rn(other, sn));
+    }
+  }
+}
+__device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+
+// Rows [c * rows_per_block, ...) of block c, warp k taking rows k, k + 8, .... kRope (D = 128):
+// y = rope(bf16(rmsnorm(x))), the normed value rounded as rmsnorm_forward stores it.
+template <int EPL, typename W, bool kRope>
 __global__ void __launch_bounds__(32 * kRowsPerBlock) rmsnorm_fwd_vec_kernel(
     const __nv_bfloat16* __restrict__ x, const W* __restrict__ w, float eps, __nv_bfloat16* __restrict__ y,
-    float* __restrict__ rstd, int64_t R) {
+    float* __restrict__ rstd, int64_t R, int64_t rows_per_block, RopeArgs ra) {
   using L = Lanes<EPL>;
   constexpr int D = 32 * EPL;
-  const int64_t r = blockIdx.x * (int64_t)kRowsPerBlock + (threadIdx.x >> 5);
-  const int lane = threadIdx.x & 31;
-  if (r >= R) return;
-  float v[EPL], wf[EPL];
-  L::load(x + r * D, lane, v);
-  float ss = 0.0f;
-#pragma unroll
-  for (int i = 0; i < EPL; ++i) ss += v[i] * v[i];
-  ss = warp_sum(ss);
-  const float rs = 1.0f / sqrtf(ss / static_cast<float>(D) + eps);
-  if (lane == 0) rstd[r] = rs;
+  __shared__ RopeTable<kRope> tab;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t r0 = blockIdx.x * rows_per_block, r1 = min(R, r0 + rows_per_block);
+  const int64_t t0 = r0 / ra.heads;
+  fill_rope_table<kRope>(tab, ra, t0, (r1 - 1) / ra.heads - t0 + 1);
+  float wf[EPL];
   L::load_w(w, lane, wf);
+  for (int64_t r = r0 + warp; r < r1; r += kRowsPerBlock) {
+    float v[EPL];
+    L::load(x + r * D, lane, v);
+    float ss = 0.0f;
 #pragma unroll
-  for (int i = 0; i < EPL; ++i) v[i] = v[i] * rs * wf[i];
-  L::store(y + r * D, lane, v);
+    for (int i = 0; i < EPL; ++i) ss += v[i] * v[i];
+    ss = warp_sum(ss);
+    const float rs = 1.0f / sqrtf(ss / static_cast<float>(D) + eps);
+    if (lane == 0) rstd[r] = rs;
+#pragma unroll
+    for (int i = 0; i < EPL; ++i) v[i] = v[i] * rs * wf[i];
+    if constexpr (kRope) {
+#pragma unroll
+      for (int i = 0; i < EPL; ++i) v[i] = round_bf16(v[i]);
+      rotate_row<kRope>(tab, r / ra.heads - t0, lane, reinterpret_cast<float(&)[4]>(v));
+    }
+    L::store(y + r * D, lane, v);
+  }
 }
 
-// Rows [c * rows_per_block, ...) of block c: warp k takes rows k, k + 8, ...; dx as the scalar kernel
-// (+ the old dx when accumulate), and partial[c, :] = sum over the block's rows of dy * x * rstd,
-// the 8 warps' register sums added in warp order through shared memory (deterministic).
-template <int EPL, typename W>
+// Same rows; dx as the scalar kernel (+ the old dx when accumulate), and partial[c, :] = sum over the
+// block's rows of dy * x * rstd, the 8 warps' register sums added in a fixed tree through shared
+// memory (deterministic). kRope (D = 128): dy is first rotated back and rounded, as rope_backward
+// stores it. dx may alias dy: a warp reads its row before writing it.
+template <int EPL, typename W, bool kRope>
 __global__ void __launch_bounds__(32 * kRowsPerBlock) rmsnorm_bwd_vec_kernel(
     const __nv_bfloat16* __restrict__ x, const W* __restrict__ w, const float* __restrict__ rstd,
-    const __nv_bfloat16* __restrict__ dy, __nv_bfloat16* __restrict__ dx, bool accumulate, int64_t R,
-    int64_t rows_per_block, float* __restrict__ partial) {
+    const __nv_bfloat16* dy, __nv_bfloat16* dx, bool accumulate, int64_t R, int64_t rows_per_block,
+    float* __restrict__ partial, RopeArgs ra) {
   using L = Lanes<EPL>;
   constexpr int D = 32 * EPL;
   __shared__ float sums[kRowsPerBlock / 2][D];  // 32 KB at D = 2048
+  __shared__ RopeTable<kRope> tab;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t r0 = blockIdx.x * rows_per_block, r1 = min(R, r0 + rows_per_block);
+  const int64_t t0 = r0 / ra.heads;
+  fill_rope_table<kRope>(tab, ra, t0, (r1 - 1) / ra.heads - t0 + 1);
   float wf[EPL], acc[EPL];
   L::load_w(w, lane, wf);
 #pragma unroll
@@ -189,6 +256,11 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock) rmsnorm_bwd_vec_kernel(
     float xv[EPL], g[EPL];
     L::load(x + r * D, lane, xv);
     L::load(dy + r * D, lane, g);
+    if constexpr (kRope) {
+      rotate_row<kRope>(tab, r / ra.heads - t0, lane, reinterpret_cast<float(&)[4]>(g));
+#pragma unroll
+      for (int i = 0; i < EPL; ++i) g[i] = round_bf16(g[i]);
+    }
     const float rs = rstd[r];
     float dot = 0.0f;
 #pragma unroll
@@ -270,9 +342,9 @@ void rmsnorm_forward(Context& ctx, const Tensor& x, const Tensor& w, float eps, 
   const unsigned blocks = static_cast<unsigned>((R + kRowsPerBlock - 1) / kRowsPerBlock);
   if (rmsnorm_vec_ok(x, w, {&y})) {
     MT_CUDA_DISPATCH(w.dtype(), W, op, with_epl(D, [&]<int EPL>() {
-      rmsnorm_fwd_vec_kernel<EPL, W><<<blocks, 32 * kRowsPerBlock, 0, stream_of(ctx)>>>(
+      rmsnorm_fwd_vec_kernel<EPL, W, false><<<blocks, 32 * kRowsPerBlock, 0, stream_of(ctx)>>>(
           static_cast<const __nv_bfloat16*>(x.data_ptr()), static_cast<const W*>(w.data_ptr()), eps,
-          static_cast<__nv_bfloat16*>(y.data_ptr()), rstd.data<float>(), R);
+          static_cast<__nv_bfloat16*>(y.data_ptr()), rstd.data<float>(), R, kRowsPerBlock, RopeArgs{});
     }));
     check_launch(op);
     return;
@@ -311,10 +383,10 @@ void rmsnorm_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tens
     Tensor scratch = device_scratch(ctx, chunks * D * 4);
     float* partial = static_cast<float*>(scratch.data_ptr());
     MT_CUDA_DISPATCH(w.dtype(), W, op, with_epl(D, [&]<int EPL>() {
-      rmsnorm_bwd_vec_kernel<EPL, W><<<static_cast<unsigned>(chunks), 32 * kRowsPerBlock, 0, s>>>(
+      rmsnorm_bwd_vec_kernel<EPL, W, false><<<static_cast<unsigned>(chunks), 32 * kRowsPerBlock, 0, s>>>(
           static_cast<const __nv_bfloat16*>(x.data_ptr()), static_cast<const W*>(w.data_ptr()), rstd.data<float>(),
           static_cast<const __nv_bfloat16*>(dy.data_ptr()), static_cast<__nv_bfloat16*>(dx.data_ptr()), dx_accumulate,
-          R, rows_per_block, partial);
+          R, rows_per_block, partial, RopeArgs{});
     }));
     column_sum_add_kernel<<<static_cast<unsigned>((D + 31) / 32), dim3(32, 32), 0, s>>>(partial, chunks, D,
                                                                                         dw.data<float>());
@@ -350,6 +422,79 @@ void rmsnorm_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tens
   column_sum_add_kernel<<<static_cast<unsigned>((D + 31) / 32), dim3(32, 32), 0, s>>>(partial, chunks, D, dw.data<float>());
   check_launch(op);
   if (dx_accumulate) add_(ctx, dx, part, 1.0f);
+}
+
+// ---- RMSNorm + RoPE (q/k path) -------------------------------------------------------------
+namespace {
+// The fused kernels: bf16, head dim 128, and the tokens of one block's rows fitting the table.
+bool norm_rope_fusable(const Tensor& x, const Tensor& w, const Tensor& out, int64_t rows_per_block) {
+  const int64_t heads = x.size(1);
+  return x.size(2) == 2 * kRopeHalf && rmsnorm_vec_ok(x, w, {&out}) && heads >= 1 &&
+         (rows_per_block + heads - 1) / heads + 1 <= kRopeMaxTokens;
+}
+RopeArgs rope_args(const Tensor& pos, float theta, int64_t heads, float sign) {
+  RopeArgs ra;
+  ra.pos = pos.data<int32_t>();
+  ra.heads = heads;
+  ra.sign = sign;
+  const int64_t d = 2 * kRopeHalf;  // the same expression as rope.cu and the CPU
+  for (int64_t i = 0; i < kRopeHalf; ++i)
+    ra.inv.v[i] = 1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(d));
+  return ra;
+}
+}  // namespace
+
+void norm_rope_forward(Context& ctx, const Tensor& x, const Tensor& w, float eps, const Tensor& pos, float theta,
+                       Tensor& y, Tensor& rstd) {
+  const char* op = "norm_rope_forward";
+  need_cuda(pos, op, "pos");
+  const int64_t T = x.size(0), heads = x.size(1), d = x.size(2), R = T * heads;
+  if (!R) return;
+  const int64_t rows_per_block = rmsnorm_bwd_rows_per_block(R);
+  if (!norm_rope_fusable(x, w, y, rows_per_block)) {  // the pair, through a temporary
+    Tensor xn = Tensor::empty({R, d}, x.dtype(), x.device(), MemCategory::kWorkspace);
+    rmsnorm_forward(ctx, x.view({R, d}), w, eps, xn, rstd);
+    rope_forward(ctx, xn.view({T, heads, d}), pos, theta, y);
+    return;
+  }
+  need_cuda(rstd, op, "rstd");
+  const unsigned blocks = static_cast<unsigned>((R + rows_per_block - 1) / rows_per_block);
+  MT_CUDA_DISPATCH(w.dtype(), W, op,
+    rmsnorm_fwd_vec_kernel<4, W, true><<<blocks, 32 * kRowsPerBlock, 0, stream_of(ctx)>>>(
+        static_cast<const __nv_bfloat16*>(x.data_ptr()), static_cast<const W*>(w.data_ptr()), eps,
+        static_cast<__nv_bfloat16*>(y.data_ptr()), rstd.data<float>(), R, rows_per_block,
+        rope_args(pos, theta, heads, 1.0f)));
+  check_launch(op);
+}
+
+void norm_rope_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& pos,
+                        float theta, const Tensor& dy, Tensor& dx, Tensor& dw) {
+  const char* op = "norm_rope_backward";
+  need_cuda(pos, op, "pos");
+  const int64_t T = x.size(0), heads = x.size(1), d = x.size(2), R = T * heads;
+  if (!R) return;
+  const int64_t rows_per_block = rmsnorm_bwd_rows_per_block(R);
+  if (!norm_rope_fusable(x, w, dx, rows_per_block) || !rmsnorm_vec_ok(x, w, {&dy})) {
+    Tensor dxn = Tensor::empty({T, heads, d}, dy.dtype(), dy.device(), MemCategory::kWorkspace);
+    rope_backward(ctx, dy, pos, theta, dxn);
+    Tensor dxv = dx.view({R, d});
+    rmsnorm_backward(ctx, x.view({R, d}), w, rstd, dxn.view({R, d}), dxv, dw, false);
+    return;
+  }
+  need_cuda(rstd, op, "rstd");
+  need_cuda(dw, op, "dw");
+  cudaStream_t s = stream_of(ctx);
+  const int64_t chunks = (R + rows_per_block - 1) / rows_per_block;
+  Tensor scratch = device_scratch(ctx, chunks * d * 4);
+  float* partial = static_cast<float*>(scratch.data_ptr());
+  MT_CUDA_DISPATCH(w.dtype(), W, op,
+    rmsnorm_bwd_vec_kernel<4, W, true><<<static_cast<unsigned>(chunks), 32 * kRowsPerBlock, 0, s>>>(
+        static_cast<const __nv_bfloat16*>(x.data_ptr()), static_cast<const W*>(w.data_ptr()), rstd.data<float>(),
+        static_cast<const __nv_bfloat16*>(dy.data_ptr()), static_cast<__nv_bfloat16*>(dx.data_ptr()), false, R,
+        rows_per_block, partial, rope_args(pos, theta, heads, -1.0f)));
+  column_sum_add_kernel<<<static_cast<unsigned>((d + 31) / 32), dim3(32, 32), 0, s>>>(partial, chunks, d,
+                                                                                      dw.data<float>());
+  check_launch(op);
 }
 
 }  // namespace moetrain::cuda

@@ -34,8 +34,10 @@ __global__ void rope_kernel(const S* __restrict__ src, const int32_t* __restrict
     const int64_t h = e / half, i = e - h * half;
     const int64_t base = (t * heads + h) * d;
     const float x0 = to_f(src[base + i]), x1 = to_f(src[base + i + half]);
-    dst[base + i] = from_f<D>(x0 * cs[i] - x1 * sn[i]);
-    dst[base + i + half] = from_f<D>(x1 * cs[i] + x0 * sn[i]);
+    // Each product and sum rounded to nearest (no FMA contraction), as the CPU computes it and as
+    // the fused q/k norm + RoPE kernel (rmsnorm.cu) does.
+    dst[base + i] = from_f<D>(__fsub_rn(__fmul_rn(x0, cs[i]), __fmul_rn(x1, sn[i])));
+    dst[base + i + half] = from_f<D>(__fadd_rn(__fmul_rn(x1, cs[i]), __fmul_rn(x0, sn[i])));
   }
 }
 

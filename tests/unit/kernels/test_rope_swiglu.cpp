@@ -74,6 +74,42 @@ TEST(RoPE, ForwardBackwardAgainstDouble) {
   EXPECT_THROW(ops::rope_forward(ctx, odd, pt, 1e4f, odd_y), Error);
 }
 
+// Qwen3's q/k path as one op: RoPE of the per-head RMSNorm, against double loops, backward (x and
+// the norm weight, which accumulates) against finite differences; the gradient may overwrite dy.
+TEST(NormRope, ForwardBackwardAgainstDouble) {
+  Context ctx;
+  const int64_t T = 5, heads = 3, d = 8;
+  const double theta = 10000.0, eps = 1e-5;
+  const std::vector<int32_t> pos = {0, 3, 1, 9, 2};
+  auto x = randn(T * heads * d, 43), w = randn(d, 44), rw = randn(T * heads * d, 45);
+  auto ref = [&](const std::vector<double>& xv, const std::vector<double>& wv) {
+    std::vector<double> n(xv.size());
+    for (int64_t r = 0; r < T * heads; ++r) {
+      double ss = 0;
+      for (int64_t i = 0; i < d; ++i) ss += xv[r * d + i] * xv[r * d + i];
+      const double rs = 1.0 / std::sqrt(ss / d + eps);
+      for (int64_t i = 0; i < d; ++i) n[r * d + i] = xv[r * d + i] * rs * wv[i];
+    }
+    return rope_ref(n, pos, heads, d, theta);
+  };
+  Tensor xt = tensor(x, {T, heads, d}), wt = tensor(w, {d}), pt = ints(pos, {T});
+  Tensor y = poisoned({T, heads, d}), rstd = poisoned({T * heads});
+  ops::norm_rope_forward(ctx, xt, wt, static_cast<float>(eps), pt, static_cast<float>(theta), y, rstd);
+  expect_close(y, ref(to_d(x), to_d(w)), 2e-5, 2e-5, "norm_rope forward");
+
+  auto dw0 = randn(d, 46);
+  Tensor dyx = tensor(rw, {T, heads, d}), dw = tensor(dw0, {d});
+  ops::norm_rope_backward(ctx, xt, wt, rstd, pt, static_cast<float>(theta), dyx, dyx, dw);  // in place
+  auto gx = fd_grad([&](const std::vector<double>& xv) { return dot(ref(xv, to_d(w)), to_d(rw)); }, to_d(x));
+  auto gw = fd_grad([&](const std::vector<double>& wv) { return dot(ref(to_d(x), wv), to_d(rw)); }, to_d(w));
+  for (int64_t i = 0; i < d; ++i) gw[i] += dw0[i];
+  expect_close(dyx, gx, 1e-4, 1e-5, "norm_rope dx");
+  expect_close(dw, gw, 1e-4, 1e-5, "norm_rope dw");
+
+  Tensor bad_rstd = poisoned({T});
+  EXPECT_THROW(ops::norm_rope_forward(ctx, xt, wt, 1e-5f, pt, 1e4f, y, bad_rstd), Error);
+}
+
 TEST(RoPE, LargePositionUsesFp32AngleOfHF) {
   // Dim pair 0 has inv_freq exactly 1, so the fp32 angle is the position itself (exact), and the
   // result must match a double evaluation at that angle to fp32 rounding.
