@@ -460,7 +460,8 @@ void moe_permute_backward(Context& ctx, const Tensor& dxp, const Tensor& row_of,
   MT_DISPATCH(dev, moe_permute_backward, ctx, dxp, row_of, dx);
 }
 
-void moe_unpermute(Context& ctx, const Tensor& yp, const Tensor& row_of, const Tensor& topk_w, Tensor& y) {
+void moe_unpermute(Context& ctx, const Tensor& yp, const Tensor& row_of, const Tensor& topk_w, Tensor& y,
+                   const Tensor& residual) {
   const char* op = "moe_unpermute";
   const Device dev = device_of(ctx, op, {{yp, "yp"}, {row_of, "row_of"}, {topk_w, "topk_w"}, {y, "y"}});
   expect(topk_w, {-1, -1}, DType::kF32, op, "topk_w");
@@ -469,7 +470,13 @@ void moe_unpermute(Context& ctx, const Tensor& yp, const Tensor& row_of, const T
   expect(row_of, {T * k}, DType::kI32, op, "row_of");
   check_shape(y, {T, yp.size(1)}, op, "y");
   check_same_dtype(y, yp, op, "y", "yp");
-  MT_DISPATCH(dev, moe_unpermute, ctx, yp, row_of, topk_w, y);
+  if (residual.defined()) {
+    MT_CHECK(residual.device() == y.device(), "[moe_unpermute] residual is on {}, y on {}", residual.device().str(),
+             y.device().str());
+    check_shape(residual, y.shape(), op, "residual");
+    check_same_dtype(residual, y, op, "residual", "y");
+  }
+  MT_DISPATCH(dev, moe_unpermute, ctx, yp, row_of, topk_w, y, residual);
 }
 
 void moe_unpermute_backward(Context& ctx, const Tensor& dy, const Tensor& yp, const Tensor& row_of,

@@ -132,9 +132,11 @@ void moe_permute(Context& ctx, const Tensor& x /*[T,H]*/, const Tensor& token_of
                  Tensor& xp /*[T*k,H]*/);
 void moe_permute_backward(Context& ctx, const Tensor& dxp /*[T*k,H]*/, const Tensor& row_of /*[T*k]*/,
                           Tensor& dx /*[T,H], overwritten*/);
-// y[t] = sum_j topk_w[t,j] * yp[row_of[t*k+j]]
+// y[t] = sum_j topk_w[t,j] * yp[row_of[t*k+j]] (+ residual[t] when given, added in f32 after the sum,
+// with one rounding: the layer output h + FFN(b) without a separate add)
 void moe_unpermute(Context& ctx, const Tensor& yp /*[T*k,H]*/, const Tensor& row_of,
-                   const Tensor& topk_w /*[T,k] f32*/, Tensor& y /*[T,H]*/);
+                   const Tensor& topk_w /*[T,k] f32*/, Tensor& y /*[T,H]*/,
+                   const Tensor& residual = Tensor() /*[T,H], y's dtype*/);
 void moe_unpermute_backward(Context& ctx, const Tensor& dy /*[T,H]*/, const Tensor& yp,
                             const Tensor& row_of, const Tensor& topk_w, Tensor& dyp /*[T*k,H]*/,
                             Tensor& dtopk_w /*[T,k] f32*/);

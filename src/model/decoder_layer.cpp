@@ -130,8 +130,8 @@ Tensor moe_ffn_forward(Context& ctx, const ModelConfig& cfg, const LayerParams& 
   ops::swiglu_forward(ctx, s.gu, s.act);
   s.yp = act_empty({T * k, H}, dt, dev);
   ops::grouped_matmul(ctx, s.act, w.experts_down, s.offsets, s.yp);
-  Tensor y = act_empty({T, H}, dt, dev);  // becomes the layer output
-  ops::moe_unpermute(ctx, s.yp, s.row_of, s.topk_w, y);
+  Tensor y = act_empty({T, H}, dt, dev);  // becomes the layer output: h + FFN(b)
+  ops::moe_unpermute(ctx, s.yp, s.row_of, s.topk_w, y, /*residual=*/s.h);
   return y;
 }
 
@@ -245,7 +245,8 @@ Tensor decoder_layer_forward(Context& ctx, const ModelConfig& cfg, const LayerPa
   s.b = act_empty({T, H}, dt, dev);
   s.rstd_post = act_empty({T}, DType::kF32, dev);
   ops::rmsnorm_forward(ctx, s.h, w.post_norm, static_cast<float>(cfg.rms_norm_eps), s.b, s.rstd_post);
-  Tensor out = w.sparse ? moe_ffn_forward(ctx, cfg, w, set, s) : dense_ffn_forward(ctx, w, s);
+  if (w.sparse) return moe_ffn_forward(ctx, cfg, w, set, s);  // adds the residual h itself
+  Tensor out = dense_ffn_forward(ctx, w, s);
   ops::add_(ctx, out, s.h);  // out = h + FFN(b)
   return out;
 }

@@ -136,8 +136,14 @@ TEST(Backend, MoePermute) {
       Pair w = input(randu(c.T * c.k, 105, 0.0f, 1.0f), {c.T, c.k}, DType::kF32);
       Pair y = output({c.T, c.H}, dt);
       ops::moe_unpermute(gpu_ctx(), yp.gpu, r.row_of.gpu, w.gpu, y.gpu);
-      cpu::moe_unpermute(cpu_ctx(), yp.cpu, r.row_of.cpu, w.cpu, y.cpu);
+      cpu::moe_unpermute(cpu_ctx(), yp.cpu, r.row_of.cpu, w.cpu, y.cpu, Tensor());
       check("moe_unpermute", "y " + tg, y, tol_for(dt));
+      // With the residual (the decoder's h + FFN(b)), added after the sum.
+      Pair res = input(randn(c.T * c.H, 107), {c.T, c.H}, dt);
+      Pair yr = output({c.T, c.H}, dt);
+      ops::moe_unpermute(gpu_ctx(), yp.gpu, r.row_of.gpu, w.gpu, yr.gpu, res.gpu);
+      cpu::moe_unpermute(cpu_ctx(), yp.cpu, r.row_of.cpu, w.cpu, yr.cpu, res.cpu);
+      check("moe_unpermute", "y + residual " + tg, yr, tol_for(dt));
 
       Pair dy = input(randn(c.T * c.H, 106), {c.T, c.H}, dt);
       Pair dyp = output({N, c.H}, dt), dw = output({c.T, c.k}, DType::kF32);

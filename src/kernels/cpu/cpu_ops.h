@@ -95,7 +95,7 @@ void moe_route_index(Context& ctx, const Tensor& topk_idx, int num_experts, Tens
 void moe_permute(Context& ctx, const Tensor& x, const Tensor& token_of, Tensor& xp);
 void moe_permute_backward(Context& ctx, const Tensor& dxp, const Tensor& row_of, Tensor& dx);
 void moe_unpermute(Context& ctx, const Tensor& yp, const Tensor& row_of, const Tensor& topk_w,
-                   Tensor& y);
+                   Tensor& y, const Tensor& residual);
 void moe_unpermute_backward(Context& ctx, const Tensor& dy, const Tensor& yp, const Tensor& row_of,
                             const Tensor& topk_w, Tensor& dyp, Tensor& dtopk_w);
 

@@ -73,7 +73,7 @@ void moe_permute_backward(Context& ctx, const Tensor& dxp, const Tensor& row_of,
 }
 
 void moe_unpermute(Context& ctx, const Tensor& yp, const Tensor& row_of, const Tensor& topk_w,
-                   Tensor& y) {
+                   Tensor& y, const Tensor& residual) {
   require_f32(yp, "moe_unpermute", "yp");
   require_f32(topk_w, "moe_unpermute", "topk_w");
   require_f32(y, "moe_unpermute", "y");
@@ -83,6 +83,8 @@ void moe_unpermute(Context& ctx, const Tensor& yp, const Tensor& row_of, const T
   const float* src = yp.data<float>();
   const float* wp = topk_w.data<float>();
   float* dst = y.data<float>();
+  if (residual.defined()) require_f32(residual, "moe_unpermute", "residual");
+  const float* res = residual.defined() ? residual.data<float>() : nullptr;
   parallel_for(ctx, T, 32, [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
       float* o = dst + t * H;
@@ -92,6 +94,8 @@ void moe_unpermute(Context& ctx, const Tensor& yp, const Tensor& row_of, const T
         const float* r = src + static_cast<int64_t>(rp[t * k + j]) * H;
         for (int64_t h = 0; h < H; ++h) o[h] += w * r[h];
       }
+      if (res)
+        for (int64_t h = 0; h < H; ++h) o[h] += res[t * H + h];
     }
   });
 }

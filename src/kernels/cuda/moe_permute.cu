@@ -76,7 +76,8 @@ __global__ void gather_rows_vec_kernel(const S* __restrict__ x, const int32_t* _
 
 template <typename S, typename D>
 __global__ void combine_rows_vec_kernel(const S* __restrict__ src, const int32_t* __restrict__ row_of,
-                                        const float* __restrict__ w, int k, int64_t H, D* __restrict__ out) {
+                                        const float* __restrict__ w, int k, int64_t H, D* __restrict__ out,
+                                        const D* __restrict__ residual) {
   const int64_t t = blockIdx.x;
   for (int64_t h = threadIdx.x; h < H / 8; h += blockDim.x) {
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -86,6 +87,11 @@ __global__ void combine_rows_vec_kernel(const S* __restrict__ src, const int32_t
       const Pack8<S> a = reinterpret_cast<const Pack8<S>*>(src + row * H)[h];
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc[i] += wj * to_f(a.v[i]);
+    }
+    if (residual) {
+      const Pack8<D> r = reinterpret_cast<const Pack8<D>*>(residual + t * H)[h];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[i] += to_f(r.v[i]);
     }
     Pack8<D> b;
 #pragma unroll
@@ -98,10 +104,11 @@ bool packs_ok(int64_t H, const void* a, const void* b) {
   return H % 8 == 0 && reinterpret_cast<uintptr_t>(a) % 16 == 0 && reinterpret_cast<uintptr_t>(b) % 16 == 0;
 }
 
-// out[t] = sum_j (w ? w[t,j] : 1) * src[row_of[t*k+j]]
+// out[t] = sum_j (w ? w[t,j] : 1) * src[row_of[t*k+j]] (+ residual[t], added last)
 template <typename S, typename D>
 __global__ void combine_rows_kernel(const S* __restrict__ src, const int32_t* __restrict__ row_of,
-                                    const float* __restrict__ w, int k, int64_t H, D* __restrict__ out) {
+                                    const float* __restrict__ w, int k, int64_t H, D* __restrict__ out,
+                                    const D* __restrict__ residual) {
   const int64_t t = blockIdx.x;
   for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
     float acc = 0.0f;
@@ -109,6 +116,7 @@ __global__ void combine_rows_kernel(const S* __restrict__ src, const int32_t* __
       const int64_t row = row_of[t * k + j];
       acc += (w ? w[t * k + j] : 1.0f) * to_f(src[row * H + h]);
     }
+    if (residual) acc += to_f(residual[t * H + h]);
     out[t * H + h] = from_f<D>(acc);
   }
 }
@@ -247,16 +255,17 @@ void moe_permute_backward(Context& ctx, const Tensor& dxp, const Tensor& row_of,
       if (packs) {
         combine_rows_vec_kernel<<<static_cast<unsigned>(T), 256, 0, stream_of(ctx)>>>(
             static_cast<const S*>(dxp.data_ptr()), row_of.data<int32_t>(), nullptr, static_cast<int>(k), H,
-            static_cast<D*>(dx.data_ptr()));
+            static_cast<D*>(dx.data_ptr()), static_cast<const D*>(nullptr));
       } else {
         combine_rows_kernel<<<static_cast<unsigned>(T), 256, 0, stream_of(ctx)>>>(
             static_cast<const S*>(dxp.data_ptr()), row_of.data<int32_t>(), nullptr, static_cast<int>(k), H,
-            static_cast<D*>(dx.data_ptr()));
+            static_cast<D*>(dx.data_ptr()), static_cast<const D*>(nullptr));
       }));
   check_launch(op);
 }
 
-void moe_unpermute(Context& ctx, const Tensor& yp, const Tensor& row_of, const Tensor& topk_w, Tensor& y) {
+void moe_unpermute(Context& ctx, const Tensor& yp, const Tensor& row_of, const Tensor& topk_w, Tensor& y,
+                   const Tensor& residual) {
   const char* op = "moe_unpermute";
   need_cuda(yp, op, "yp");
   need_cuda(row_of, op, "row_of");
@@ -267,18 +276,25 @@ void moe_unpermute(Context& ctx, const Tensor& yp, const Tensor& row_of, const T
   const int64_t T = y.size(0), H = y.size(-1), k = topk_w.size(-1);
   need_numel(row_of, T * k, op, "row_of");
   need_numel(topk_w, T * k, op, "topk_w");
+  if (residual.defined()) {
+    need_cuda(residual, op, "residual");
+    need_dtype(residual, y.dtype(), op, "residual");
+    need_numel(residual, T * H, op, "residual");
+  }
   if (!T || !H) return;
-  const bool packs = packs_ok(H, yp.data_ptr(), y.data_ptr());
+  const bool packs = packs_ok(H, yp.data_ptr(), y.data_ptr()) &&
+                     (!residual.defined() || reinterpret_cast<uintptr_t>(residual.data_ptr()) % 16 == 0);
   MT_CUDA_DISPATCH(yp.dtype(), S, op,
     MT_CUDA_DISPATCH(y.dtype(), D, op,
+      const D* res = residual.defined() ? static_cast<const D*>(residual.data_ptr()) : nullptr;
       if (packs) {
         combine_rows_vec_kernel<<<static_cast<unsigned>(T), 256, 0, stream_of(ctx)>>>(
             static_cast<const S*>(yp.data_ptr()), row_of.data<int32_t>(), topk_w.data<float>(), static_cast<int>(k),
-            H, static_cast<D*>(y.data_ptr()));
+            H, static_cast<D*>(y.data_ptr()), res);
       } else {
         combine_rows_kernel<<<static_cast<unsigned>(T), 256, 0, stream_of(ctx)>>>(
             static_cast<const S*>(yp.data_ptr()), row_of.data<int32_t>(), topk_w.data<float>(), static_cast<int>(k),
-            H, static_cast<D*>(y.data_ptr()));
+            H, static_cast<D*>(y.data_ptr()), res);
       }));
   check_launch(op);
 }

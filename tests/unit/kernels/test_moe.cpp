@@ -102,6 +102,14 @@ TEST(MoePermute, PermuteUnpermuteInvariantsAndBackwards) {
   Tensor ypt = tensor(yp, {T * k, H}), wt = tensor(w, {T, k}), y2 = poisoned({T, H});
   ops::moe_unpermute(ctx, ypt, r.row_of, wt, y2);
   expect_close(y2, unpermute_ref(to_d(yp), row, to_d(w), T, k, H), 1e-6, 1e-6, "unpermute forward");
+  // With a residual: the same sum, then + residual, in f32 (the bits of a separate add).
+  auto rv = randn(T * H, 145);
+  Tensor y3 = poisoned({T, H});
+  ops::moe_unpermute(ctx, ypt, r.row_of, wt, y3, tensor(rv, {T, H}));
+  for (int64_t i = 0; i < T * H; ++i)
+    EXPECT_EQ(y3.get(i), static_cast<double>(static_cast<float>(y2.get(i)) + rv[i])) << "unpermute + residual at " << i;
+  Tensor wrong = poisoned({T + 1, H});
+  EXPECT_THROW(ops::moe_unpermute(ctx, ypt, r.row_of, wt, y3, wrong), Error);
   Tensor dyp = poisoned({T * k, H}), dw = poisoned({T, k});
   ops::moe_unpermute_backward(ctx, tensor(rw, {T, H}), ypt, r.row_of, wt, dyp, dw);
   auto gyp = fd_grad([&](const std::vector<double>& v) { return dot(unpermute_ref(v, row, to_d(w), T, k, H), to_d(rw)); },
