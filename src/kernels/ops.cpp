@@ -130,6 +130,18 @@ void sum_squares_accumulate(Context& ctx, const Tensor& x, Tensor& acc) {
   MT_DISPATCH(dev, sum_squares_accumulate, ctx, x, acc);
 }
 
+void sum_squares_accumulate_many(Context& ctx, const std::vector<Tensor>& xs, Tensor& acc) {
+  const char* op = "sum_squares_accumulate_many";
+  const Device dev = device_of(ctx, op, {{acc, "acc"}});
+  expect(acc, {1}, DType::kF64, op, "acc");
+  for (const Tensor& x : xs) {
+    MT_CHECK(x.device() == dev, "[{}] a tensor {} is on {}, acc on {}", op, x.desc(), x.device().str(), dev.str());
+    MT_CHECK(x.dtype() == DType::kF32 || x.dtype() == DType::kBF16, "[{}] x is {}, expected f32 or bf16", op,
+             dtype_name(x.dtype()));
+  }
+  MT_DISPATCH(dev, sum_squares_accumulate_many, ctx, xs, acc);
+}
+
 void sum_accumulate(Context& ctx, const Tensor& x, Tensor& acc) {
   const char* op = "sum_accumulate";
   const Device dev = device_of(ctx, op, {{x, "x"}, {acc, "acc"}});

@@ -14,6 +14,7 @@
 //   feed backward (rstd, lse, probs) are always f32.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "core/context.h"
 #include "core/tensor.h"
@@ -28,6 +29,9 @@ double sum_squares(Context& ctx, const Tensor& x);             // sum x^2 in fp6
 // acc[0] += sum x^2 (x f32 or bf16), in fp64 on x's device with no host synchronization; a
 // gradient norm over many tensors reads acc once. Deterministic (fixed-order partial sums).
 void sum_squares_accumulate(Context& ctx, const Tensor& x, Tensor& acc /*[1] f64*/);
+// The same over a list (each f32 or bf16, one device): on CUDA a few launches for all of them, whose
+// sum may differ from the one-by-one calls in the last bits (another order); on the CPU the calls.
+void sum_squares_accumulate_many(Context& ctx, const std::vector<Tensor>& xs, Tensor& acc /*[1] f64*/);
 // acc[0] += x[0] + ... + x[n-1] (x f64: sums of squares formed elsewhere), in a fixed order.
 void sum_accumulate(Context& ctx, const Tensor& x /*[n] f64*/, Tensor& acc /*[1] f64*/);
 // Fills with normal(mean, std): elements 2j and 2j+1 are the Box-Muller pair (cosine, sine

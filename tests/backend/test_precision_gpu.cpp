@@ -138,6 +138,29 @@ TEST(BackendPrecision, SumSquaresAccumulateMatchesCpu) {
     }
 }
 
+// The list form (the gradient norm's small tensors): 60 tensors of mixed dtypes and sizes, an empty
+// one and an unaligned view, so two launches of up to 48 tensors; against the CPU's one-by-one sum.
+TEST(BackendPrecision, SumSquaresAccumulateManyMatchesCpu) {
+  MT_REQUIRE_GPU();
+  std::vector<Tensor> gpu, cpu;
+  std::vector<Pair> keep;
+  for (int i = 0; i < 60; ++i) {
+    const int64_t n = i == 7 ? 0 : (i * 7919) % 70000 + 1;
+    const DType dt = i % 3 == 0 ? DType::kF32 : DType::kBF16;
+    keep.push_back(input(randn(std::max<int64_t>(n, 1) + 3, 200 + i, 1.0f + 0.1f * static_cast<float>(i)),
+                         {std::max<int64_t>(n, 1) + 3}, dt));
+    const int64_t off = i == 11 ? 3 : 0;  // a view that starts 3 elements in: not 16-byte aligned
+    gpu.push_back(keep.back().gpu.slice(0, off, off + n));
+    cpu.push_back(keep.back().cpu.slice(0, off, off + n));
+  }
+  Tensor acc_gpu = Tensor::zeros({1}, DType::kF64, Device::cuda(0)), acc_cpu = Tensor::zeros({1}, DType::kF64);
+  ops::sum_squares_accumulate_many(gpu_ctx(), gpu, acc_gpu);
+  ops::sum_squares_accumulate_many(cpu_ctx(), cpu, acc_cpu);
+  device_sync();
+  const double got = acc_gpu.to(Device::cpu()).data<double>()[0], want = acc_cpu.data<double>()[0];
+  check_scalar("sum_squares_accumulate_many", "60 tensors, f32 and bf16", got, want, 1e-12);
+}
+
 TEST(BackendPrecision, SumAccumulateMatchesCpu) {
   MT_REQUIRE_GPU();
   for (int64_t n : {int64_t{1}, int64_t{37}, int64_t{5000}}) {

@@ -4,6 +4,7 @@
 // devices and index dtypes, and these functions check that float tensors are f32 (the CPU path
 // computes in f32 only) and that index values are in range.
 #pragma once
+#include <vector>
 #include <cstdint>
 #include <initializer_list>
 
@@ -31,6 +32,7 @@ void scale_(Context& ctx, Tensor& y, float alpha);
 double sum_squares(Context& ctx, const Tensor& x);
 // acc[0] += the same fixed-block fp64 sum as sum_squares, for f32 or bf16 x.
 void sum_squares_accumulate(Context& ctx, const Tensor& x, Tensor& acc);
+void sum_squares_accumulate_many(Context& ctx, const std::vector<Tensor>& xs, Tensor& acc);
 void sum_accumulate(Context& ctx, const Tensor& x, Tensor& acc);
 // Element i = mean + std * z_i, where (z_{2j}, z_{2j+1}) is the Box-Muller pair of
 // philox4x32(stream.key, stream.counter, j): even i takes the cosine (first) value, odd i the

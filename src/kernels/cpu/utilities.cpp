@@ -111,6 +111,10 @@ void sum_squares_accumulate(Context& ctx, const Tensor& x, Tensor& acc) {
   acc.data<double>()[0] += s;
 }
 
+void sum_squares_accumulate_many(Context& ctx, const std::vector<Tensor>& xs, Tensor& acc) {
+  for (const Tensor& x : xs) sum_squares_accumulate(ctx, x, acc);
+}
+
 void sum_accumulate(Context&, const Tensor& x, Tensor& acc) {
   const double* xp = x.data<double>();
   double s = 0.0;

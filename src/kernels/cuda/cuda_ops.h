@@ -3,6 +3,7 @@
 // weights are bf16 (f32 also accepted), accumulation is fp32. No CUDA headers here on purpose.
 // All ops run on ctx.stream() and do not synchronize with the host unless they return a value.
 #pragma once
+#include <vector>
 #include <cstdint>
 
 #include "core/context.h"
@@ -21,6 +22,7 @@ void add_(Context& ctx, Tensor& y, const Tensor& x, float alpha = 1.0f);
 void scale_(Context& ctx, Tensor& y, float alpha);
 double sum_squares(Context& ctx, const Tensor& x);  // synchronizes (returns a host value)
 void sum_squares_accumulate(Context& ctx, const Tensor& x, Tensor& acc);  // no host synchronization
+void sum_squares_accumulate_many(Context& ctx, const std::vector<Tensor>& xs, Tensor& acc);
 void sum_accumulate(Context& ctx, const Tensor& x, Tensor& acc);
 void fill_normal(Context& ctx, Tensor& t, float mean, float std, RngStream stream);
 

@@ -39,11 +39,11 @@ __global__ void scale_kernel(Y* __restrict__ y, float alpha, int64_t n) {
 
 // Pass 1: each block sums squares of a grid-stride subset in fp64; pass 2 adds the partials in
 // block order. The grid size depends only on n, so the result is reproducible run to run.
+// One block's share (block `b` of `nb`) of the squares of x, as sum_squares_partial computes it.
 template <typename X>
-__global__ void sum_squares_partial(const X* __restrict__ x, int64_t n, double* __restrict__ partial) {
-  __shared__ double scratch[32];
+__device__ double sum_squares_block(const X* __restrict__ x, int64_t n, int64_t b, int64_t nb, double* scratch) {
   double s = 0.0;
-  const int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, stride = (int64_t)gridDim.x * blockDim.x;
+  const int64_t tid = b * (int64_t)blockDim.x + threadIdx.x, stride = nb * blockDim.x;
   // 16-byte loads when aligned (gradients always are): a fixed element-to-thread map, so the sum is
   // still deterministic; the scalar loop takes the tail (or everything when unaligned).
   constexpr int kVec = 16 / sizeof(X);
@@ -66,7 +66,33 @@ __global__ void sum_squares_partial(const X* __restrict__ x, int64_t n, double* 
     double v = to_f(x[i]);
     s += v * v;
   }
-  s = block_sum(s, scratch);
+  return block_sum(s, scratch);
+}
+
+template <typename X>
+__global__ void sum_squares_partial(const X* __restrict__ x, int64_t n, double* __restrict__ partial) {
+  __shared__ double scratch[32];
+  const double s = sum_squares_block(x, n, blockIdx.x, gridDim.x, scratch);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+// Many tensors in one launch: tensor i owns blocks [first[i], first[i + 1]), as many as its own
+// sum_squares_partial grid, so each partial is the one that launch would write.
+constexpr int kManyMax = 48;
+struct SquaresList {
+  const void* p[kManyMax];
+  int64_t n[kManyMax];
+  int32_t first[kManyMax + 1];
+  uint8_t bf16[kManyMax];
+  int count;
+};
+__global__ void sum_squares_many_partial(const SquaresList L, double* __restrict__ partial) {
+  __shared__ double scratch[32];
+  int i = 0;
+  while (i + 1 < L.count && static_cast<int>(blockIdx.x) >= L.first[i + 1]) ++i;
+  const int64_t b = blockIdx.x - L.first[i], nb = L.first[i + 1] - L.first[i];
+  const double s = L.bf16[i] ? sum_squares_block(static_cast<const __nv_bfloat16*>(L.p[i]), L.n[i], b, nb, scratch)
+                             : sum_squares_block(static_cast<const float*>(L.p[i]), L.n[i], b, nb, scratch);
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
@@ -425,6 +451,39 @@ void sum_squares_accumulate(Context& ctx, const Tensor& x, Tensor& acc) {
     sum_squares_partial<<<blocks, kThreads, 0, stream_of(ctx)>>>(static_cast<const X*>(x.data_ptr()), n, partial));
   add_partials<<<1, 1024, 0, stream_of(ctx)>>>(partial, static_cast<int>(blocks), static_cast<double*>(acc.data_ptr()));
   check_launch(op);
+}
+
+// sum_squares_accumulate over a list, in launches of up to kManyMax tensors: one partial kernel and
+// one add per launch instead of two launches per tensor (the ~10 small gradients of each layer).
+void sum_squares_accumulate_many(Context& ctx, const std::vector<Tensor>& xs, Tensor& acc) {
+  const char* op = "sum_squares_accumulate_many";
+  need_cuda(acc, op, "acc");
+  need_dtype(acc, DType::kF64, op, "acc");
+  size_t i = 0;
+  while (i < xs.size()) {
+    SquaresList L{};
+    int64_t blocks = 0;
+    for (; i < xs.size() && L.count < kManyMax; ++i) {
+      const Tensor& x = xs[i];
+      need_cuda(x, op, "x");
+      if (!x.numel()) continue;
+      MT_CHECK(x.dtype() == DType::kF32 || x.dtype() == DType::kBF16, "[{}] x is {}, expected f32 or bf16", op,
+               dtype_name(x.dtype()));
+      L.p[L.count] = x.data_ptr();
+      L.n[L.count] = x.numel();
+      L.bf16[L.count] = x.dtype() == DType::kBF16;
+      L.first[L.count] = static_cast<int32_t>(blocks);
+      blocks += grid_for(x.numel(), kThreads, 1024);
+      ++L.count;
+    }
+    if (!L.count) continue;
+    L.first[L.count] = static_cast<int32_t>(blocks);
+    Tensor tmp = device_scratch(ctx, blocks * 8);
+    double* partial = static_cast<double*>(tmp.data_ptr());
+    sum_squares_many_partial<<<static_cast<unsigned>(blocks), kThreads, 0, stream_of(ctx)>>>(L, partial);
+    add_partials<<<1, 1024, 0, stream_of(ctx)>>>(partial, static_cast<int>(blocks), static_cast<double*>(acc.data_ptr()));
+    check_launch(op);
+  }
 }
 
 }  // namespace moetrain::cuda
