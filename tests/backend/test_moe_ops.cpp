@@ -106,6 +106,19 @@ Routing route(const std::vector<int32_t>& topk, int64_t T, int k, int E, const s
   return r;
 }
 
+// route_index alone at the model's sizes: one block below 257 experts (several rounds per warp,
+// skewed and uniform picks), the radix sort above; all bit-equal to the CPU's stable order.
+TEST(Backend, MoeRouteIndex) {
+  MT_REQUIRE_GPU();
+  struct Case { int64_t T; int k, E, range; };
+  for (const Case c : {Case{4096, 8, 128, 128}, Case{4096, 8, 128, 8}, Case{1000, 8, 256, 256}, Case{3, 2, 256, 2},
+                       Case{300, 4, 512, 512}, Case{1, 1, 1, 1}}) {
+    const std::string tag = "T" + std::to_string(c.T) + " k" + std::to_string(c.k) + " E" + std::to_string(c.E) +
+                            " range " + std::to_string(c.range);
+    route(picks(c.T, c.k, c.range, 301 + c.T), c.T, c.k, c.E, tag);
+  }
+}
+
 TEST(Backend, MoePermute) {
   MT_REQUIRE_GPU();
   struct Case { int64_t T; int k, E, range; int64_t H; };

@@ -5,6 +5,7 @@
 // Backwards are per-token gathers in j order (deterministic, no atomics).
 #include <cub/device/device_radix_sort.cuh>
 
+#include "core/env.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 
@@ -41,6 +42,91 @@ __global__ void scatter_rows_kernel(const int32_t* __restrict__ sorted_pick, int
     const int32_t pick = sorted_pick[i];
     row_of[pick] = static_cast<int32_t>(i);
     token_of[i] = pick / k;
+  }
+}
+
+// ---- route_index in one block: a stable counting sort of the picks by expert -----------------
+// 32 warps; warp w owns the contiguous picks [w * seg, (w + 1) * seg) and walks them 32 at a time.
+// __match_any_sync groups a round's lanes by expert: the lowest lane of a group adds the group's
+// size, and a lane's rank in it is the number of lower lanes. Pass 1 counts picks per (warp, expert),
+// a scan turns the counts into each warp's first row per expert (expert order, then warp order, then
+// pick order: rows of one expert keep ascending pick order, as the radix sort and the CPU give),
+// and pass 2 places the picks. Picks whose expert lies outside [0, E) are left out of counts and
+// offsets and get rows after offsets[E], in pick order. Replaces a CUB radix sort (6+ launches).
+constexpr int kRouteWarps = 32;
+constexpr int kRouteMaxE = 256;  // hist is [32][E] ints in shared memory
+
+__global__ void __launch_bounds__(32 * kRouteWarps) route_index_block_kernel(
+    const int32_t* __restrict__ idx, int64_t P, int k, int E, int32_t* __restrict__ counts,
+    int32_t* __restrict__ offsets, int32_t* __restrict__ row_of, int32_t* __restrict__ token_of) {
+  __shared__ int32_t hist[kRouteWarps][kRouteMaxE + 1];  // column E: the warp's out-of-range picks
+  __shared__ int32_t total[kRouteMaxE + 1];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int cols = E + 1;
+  for (int i = threadIdx.x; i < kRouteWarps * cols; i += blockDim.x) hist[i / cols][i % cols] = 0;
+  __syncthreads();
+  const int64_t seg = (P + kRouteWarps - 1) / kRouteWarps, p0 = warp * seg, p1 = min(P, p0 + seg);
+  const unsigned lower = (1u << lane) - 1u;
+  for (int pass = 0; pass < 2; ++pass) {
+    // kBatch rounds' ids loaded at once (their loads in flight together), then walked round by round.
+    constexpr int kBatch = 8;
+    for (int64_t chunk = p0; chunk < p1; chunk += 32 * kBatch) {
+      int ev[kBatch];
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        const int64_t i = chunk + b * 32 + lane;
+        ev[b] = i < p1 ? idx[i] : 0;
+      }
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        const int64_t i = chunk + b * 32 + lane;
+        const bool live = i < p1;
+        int e = ev[b];
+        if (e < 0 || e >= E) e = E;  // out of range: the extra column
+        const unsigned active = __ballot_sync(0xffffffffu, live);
+        if (live) {
+          const unsigned peers = __match_any_sync(active, e);
+          const int rank = __popc(peers & lower);
+          if (pass == 1) {
+            const int32_t row = hist[warp][e] + rank;
+            row_of[i] = row;
+            token_of[row] = static_cast<int32_t>(i / k);
+          }
+          __syncwarp(active);
+          if (rank == 0) hist[warp][e] += __popc(peers);
+        }
+        __syncwarp();
+      }
+    }
+    __syncthreads();
+    if (pass == 1) break;
+    // Counts per expert, then each warp's first row per expert: offsets[e] + the earlier warps' picks.
+    for (int e = threadIdx.x; e < cols; e += blockDim.x) {
+      int32_t t = 0;
+      for (int w = 0; w < kRouteWarps; ++w) t += hist[w][e];
+      total[e] = t;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {  // E <= 256: a short serial scan
+      int32_t run = 0;
+      for (int e = 0; e < cols; ++e) {
+        const int32_t t = total[e];
+        total[e] = run;
+        if (e < E) counts[e] = t;
+        offsets[e] = run;  // e == E: the end of the valid rows
+        run += t;
+      }
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < cols; e += blockDim.x) {
+      int32_t run = total[e];
+      for (int w = 0; w < kRouteWarps; ++w) {
+        const int32_t c = hist[w][e];
+        hist[w][e] = run;
+        run += c;
+      }
+    }
+    __syncthreads();
   }
 }
 
@@ -192,6 +278,14 @@ void moe_route_index(Context& ctx, const Tensor& topk_idx, int num_experts, Tens
   need_numel(token_of, P, op, "token_of");
   MT_CHECK(P < (int64_t{1} << 31), "[moe_route_index] {} picks exceed the i32 range", P);
   cudaStream_t s = stream_of(ctx);
+  // Up to 256 experts and 2^20 picks (128K tokens at top-8): one block; beyond, the radix sort.
+  if (E <= kRouteMaxE && P <= (int64_t{1} << 20) && env_int("MT_ROUTE_INDEX_CUB", 0) == 0) {
+    route_index_block_kernel<<<1, 32 * kRouteWarps, 0, s>>>(topk_idx.data<int32_t>(), P, static_cast<int>(k), E,
+                                                          counts.data<int32_t>(), offsets.data<int32_t>(),
+                                                          row_of.data<int32_t>(), token_of.data<int32_t>());
+    check_launch(op);
+    return;
+  }
   size_t temp_bytes = 0;
   MT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, static_cast<const int32_t*>(nullptr),
                                                 static_cast<int32_t*>(nullptr), static_cast<const int32_t*>(nullptr),
