@@ -15,6 +15,29 @@ namespace {
 constexpr int32_t kIgnoreIndex = -100;
 constexpr int kThreads = 512;
 
+// The block's combine of the per-thread (m, s), then thread 0 writes lse[t] and the loss of row t
+// (x: the row's logits).
+template <typename L>
+__device__ void finish_row(float m, float s, float* scratch, const L* x, const int32_t* labels, const float* weights,
+                           int64_t t, int64_t V, float* losses, float* lse) {
+  const float M = block_max(m, scratch);
+  s = m == -INFINITY ? 0.0f : s * expf(m - M);
+  const float S = block_sum(s, scratch);
+  if (threadIdx.x == 0) {
+    const float l = M + logf(S);
+    lse[t] = l;
+    const int32_t lab = labels[t];
+    if (lab == kIgnoreIndex) {
+      losses[t] = 0.0f;
+    } else if (lab < 0 || lab >= V) {
+      losses[t] = NAN;
+    } else {
+      const float w = weights ? weights[t] : 1.0f;
+      losses[t] = w * (l - to_f(x[lab]));
+    }
+  }
+}
+
 template <typename L>
 __global__ void ce_fwd_kernel(const L* __restrict__ logits, const int32_t* __restrict__ labels,
                               const float* __restrict__ weights, int64_t V, float* __restrict__ losses,
@@ -32,22 +55,7 @@ __global__ void ce_fwd_kernel(const L* __restrict__ logits, const int32_t* __res
       s += expf(xv - m);
     }
   }
-  const float M = block_max(m, scratch);
-  s = m == -INFINITY ? 0.0f : s * expf(m - M);
-  const float S = block_sum(s, scratch);
-  if (threadIdx.x == 0) {
-    const float l = M + logf(S);
-    lse[t] = l;
-    const int32_t lab = labels[t];
-    if (lab == kIgnoreIndex) {
-      losses[t] = 0.0f;
-    } else if (lab < 0 || lab >= V) {
-      losses[t] = NAN;
-    } else {
-      const float w = weights ? weights[t] : 1.0f;
-      losses[t] = w * (l - to_f(x[lab]));
-    }
-  }
+  finish_row(m, s, scratch, x, labels, weights, t, V, losses, lse);
 }
 
 template <typename L, typename D>
@@ -118,22 +126,7 @@ __global__ void ce_fwd_vec_kernel(const __nv_bfloat16* __restrict__ logits, cons
     online8(b, m, s);
   }
   if (i < nv) online8(x[i], m, s);
-  const float M = block_max(m, scratch);
-  s = m == -INFINITY ? 0.0f : s * expf(m - M);
-  const float S = block_sum(s, scratch);
-  if (threadIdx.x == 0) {
-    const float l = M + logf(S);
-    lse[t] = l;
-    const int32_t lab = labels[t];
-    if (lab == kIgnoreIndex) {
-      losses[t] = 0.0f;
-    } else if (lab < 0 || lab >= V) {
-      losses[t] = NAN;
-    } else {
-      const float w = weights ? weights[t] : 1.0f;
-      losses[t] = w * (l - __bfloat162float(logits[t * V + lab]));
-    }
-  }
+  finish_row(m, s, scratch, logits + t * V, labels, weights, t, V, losses, lse);
 }
 
 // grid (T, ceil(V / 8 / (threads * kBwdVecsPerThread))): rows on x, which has no 65535 limit. dlogits may be the logits themselves:
