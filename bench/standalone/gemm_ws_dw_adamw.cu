@@ -173,20 +173,14 @@ void run_unfused(Context& ctx, const Prob& p, const Conf& cf, const State& s, vo
 bool check(Context& ctx, const Prob& p, const Conf& cf, bool acc, bool sr, bool with_ss, std::vector<int> variants) {
   const int64_t n = (int64_t)p.E * p.M * p.K, gb = n * (cf.g16 ? 2 : 4);
   const int64_t tiles = gwd::dw_adamw_tiles(p.E, p.K, p.M, cf.g16);
-  // variants with bit 4 on all-bf16 use 128-wide tiles: their per-tile sums match dispatch_dw's 128-wide
-  // bf16 tiles (variant 2), taken into pr128 from the same gradient
-  const bool all16 = cf.g16 && cf.w16 && cf.m16 && cf.v16;
-  const int64_t tiles128 = (int64_t)p.E * ((p.M + 127) / 128) * ((p.K + 127) / 128);
   Opt o{am::make_consts(2e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 0.5f), sr, 0x1234abcdull + p.E, 77 + (uint64_t)p.K};
   State s0 = alloc_state(cf, n), sr_ = alloc_state(cf, n), sf = alloc_state(cf, n);
   init_state(cf, n, s0, 100 + p.M);
   void *grad, *prior = nullptr, *prior0 = nullptr;
-  double *pr, *pf, *pr128;
+  double *pr, *pf;
   CK(cudaMalloc(&grad, gb));
   CK(cudaMalloc(&pr, tiles * 8 + 8));
-  CK(cudaMalloc(&pf, tiles128 * 8 + 8));
-  CK(cudaMalloc(&pr128, tiles128 * 8 + 8));
-  CK(cudaMemset(pr128, 0xFF, tiles128 * 8 + 8));
+  CK(cudaMalloc(&pf, tiles * 8 + 8));
   if (acc) {
     CK(cudaMalloc(&prior, gb));
     CK(cudaMalloc(&prior0, gb));
@@ -198,10 +192,6 @@ bool check(Context& ctx, const Prob& p, const Conf& cf, bool acc, bool sr, bool 
     CK(cudaMemset(grad, 0xFF, gb));
   }
   CK(cudaMemset(pr, 0xFF, tiles * 8 + 8));
-  if (all16 && with_ss) {
-    gwd::dispatch_dw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, grad, true, acc, pr128, 2);
-    if (acc) CK(cudaMemcpy(grad, prior, gb, cudaMemcpyDeviceToDevice));
-  }
   copy_state(cf, n, s0, sr_);
   run_unfused(ctx, p, cf, sr_, grad, acc, with_ss ? pr : nullptr, o);
   CK(cudaDeviceSynchronize());
@@ -209,15 +199,14 @@ bool check(Context& ctx, const Prob& p, const Conf& cf, bool acc, bool sr, bool 
   bool ok = true;
   for (int var : variants) {
     copy_state(cf, n, s0, sf);
-    const bool narrow = all16 && (var & 16);
-    CK(cudaMemset(pf, 0xFF, tiles128 * 8 + 8));
+    CK(cudaMemset(pf, 0xFF, tiles * 8 + 8));
     const gwd::DwAdamWArgs a = args_for(cf, sf, prior, o);
     const bool took = gwd::dispatch_dw_adamw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, a, with_ss ? pf : nullptr, var);
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
     const int64_t dw_ = ndiff(sf.w, sr_.w, n * (cf.w16 ? 2 : 4)), dm = ndiff(sf.m, sr_.m, n * (cf.m16 ? 2 : 4)),
                   dv = ndiff(sf.v, sr_.v, n * (cf.v16 ? 2 : 4)), dc = cf.comp ? ndiff(sf.c, sr_.c, n * 2) : 0,
-                  dp = !with_ss ? 0 : narrow ? ndiff(pf, pr128, tiles128 * 8 + 8) : ndiff(pf, pr, tiles * 8 + 8), dpr = acc ? ndiff(prior, prior0, gb) : 0;
+                  dp = with_ss ? ndiff(pf, pr, tiles * 8 + 8) : 0, dpr = acc ? ndiff(prior, prior0, gb) : 0;
     const bool good = took && dw_ == 0 && dm == 0 && dv == 0 && dc == 0 && dp == 0 && dpr == 0 && changed > 0;
     std::printf("%-10s %-9s %-2s sr%d ss%d v%d: words differ w %lld m %lld v %lld comp %lld partials %lld prior %lld;"
                 " weights changed %.1f%% %s\n",
@@ -229,7 +218,7 @@ bool check(Context& ctx, const Prob& p, const Conf& cf, bool acc, bool sr, bool 
   free_state(s0);
   free_state(sr_);
   free_state(sf);
-  for (void* q : {grad, prior, prior0, (void*)pr, (void*)pf, (void*)pr128})
+  for (void* q : {grad, prior, prior0, (void*)pr, (void*)pf})
     if (q) CK(cudaFree(q));
   if (!ok) ++g_fail;
   return ok;
@@ -268,11 +257,9 @@ int main(int argc, char** argv) {
   ctx.facts_.cc_major = prop.major;
   ctx.facts_.cc_minor = prop.minor;
   std::printf("device %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
-  // variant: 0 = default, 4 = the other walk depth, 8 = first batch fetched after the mainloop,
-  // 16 = all-bf16 on 128-wide tiles, the walk overlapped with the next tile's wgmma (no prior), 20:
-  // 1 vector ahead, 24: 128-wide without the overlap, 32: 256-wide overlapped, 1 vector ahead
-  const std::vector<int> all_vars = {0, 4, 8, 12, 16, 20, 24, 32};
-  const std::vector<int> time_vars = {0, 4, 8, 16, 20, 24, 32};
+  // variant: 0 = default, 4 = the other walk depth, 8 = first batch fetched after the mainloop
+  const std::vector<int> all_vars = {0, 4, 8, 12};
+  const std::vector<int> time_vars = {0, 4, 8, 12};
   if (part != "shapes" && part != "tiny" && part != "skew") {
     std::vector<Prob> edges;
     edges.push_back(make("uneven", {0, 1, 1000, 0, 64, 65, 128, 129, 255, 257, 3, 0}, 2300, 264, 200));
@@ -312,8 +299,7 @@ int main(int argc, char** argv) {
       const int64_t mx = *std::max_element(counts.begin(), counts.end()), mn = *std::min_element(counts.begin(), counts.end());
       Prob p = make("gate_up", counts, 32768, 2048, 1536);
       if (alpha < 0) {  // bits against the separate kernels with 60 idle experts (= and += / prior)
-        check(ctx, p, kAllBf16, false, true, true, {0, 16, 20, 24, 32});
-        check(ctx, p, kAllBf16, true, true, true, {0, 16});
+        check(ctx, p, kAllBf16, false, true, true, {0});
         check(ctx, p, kDefault, true, false, true, {0});
       }
       const int64_t n = (int64_t)p.E * p.M * p.K;
@@ -322,16 +308,14 @@ int main(int argc, char** argv) {
       void* grad;
       CK(cudaMalloc(&grad, n * 2));
       double* part;
-      CK(cudaMalloc(&part, 2 * gwd::dw_adamw_tiles(p.E, p.K, p.M, true) * 8));
+      CK(cudaMalloc(&part, gwd::dw_adamw_tiles(p.E, p.K, p.M, true) * 8));
       Opt o{am::make_consts(1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 1.0f), true, 99, 3};
       const gwd::DwAdamWArgs a = args_for(kAllBf16, st, nullptr, o);
-      std::printf("| rows ~ rank^%.1f (%lld..%lld) | dW %8.3f | unfused %8.3f | fused %8.3f | overlapped 128 %8.3f | 256 %8.3f |\n",
-                  -alpha, (long long)mn, (long long)mx,
+      std::printf("| rows ~ rank^%.1f (%lld..%lld) | dW %8.3f | unfused %8.3f | fused %8.3f |\n", -alpha, (long long)mn,
+                  (long long)mx,
                   time_ms([&] { gwd::dispatch_dw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, grad, true, false, part, 0); }, reps),
                   time_ms([&] { run_unfused(ctx, p, kAllBf16, st, grad, false, part, o); }, reps),
-                  time_ms([&] { gwd::dispatch_dw_adamw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, a, part, 0); }, reps),
-                  time_ms([&] { gwd::dispatch_dw_adamw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, a, part, 16); }, reps),
-                  time_ms([&] { gwd::dispatch_dw_adamw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, a, part, 32); }, reps));
+                  time_ms([&] { gwd::dispatch_dw_adamw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, a, part, 0); }, reps));
       free_state(st);
       CK(cudaFree(grad));
       CK(cudaFree(part));
@@ -389,15 +373,14 @@ int main(int argc, char** argv) {
     }
     for (S s : {S{"gate_up", 2048, 1536}, S{"down", 768, 2048}}) {
       Prob p = make(s.tag, counts, 32768, s.K, s.M);
-      check(ctx, p, kAllBf16, false, true, true, {0, 4, 8, 12, 16, 20, 24, 32});
-      check(ctx, p, kAllBf16, false, false, true, {0, 16});
+      check(ctx, p, kAllBf16, false, true, true, {0, 4, 8, 12});
       check(ctx, p, kAllBf16, true, false, true, {0});
       check(ctx, p, kDefault, true, false, true, {0, 4, 8});
       check(ctx, p, kDefault, false, false, false, {0});
       check(ctx, p, kMixed, false, false, true, {0});
       const int64_t n = (int64_t)p.E * p.M * p.K;
       for (const Conf* cf : {&kAllBf16, &kDefault}) {
-        const int64_t gb = n * (cf->g16 ? 2 : 4), tiles = 2 * gwd::dw_adamw_tiles(p.E, p.K, p.M, cf->g16);
+        const int64_t gb = n * (cf->g16 ? 2 : 4), tiles = gwd::dw_adamw_tiles(p.E, p.K, p.M, cf->g16);
         State st = alloc_state(*cf, n);
         init_state(*cf, n, st, 7);
         void* grad;

@@ -136,60 +136,49 @@ __device__ __forceinline__ void produce(const CUtensorMap* map_a, const CUtensor
 // wgmma group in flight. A slab starts at the expert's first row, so only the last one can run into
 // the next expert's rows (or past N, zero-filled by TMA): rows [valid, BK) of its blocks are zeroed
 // in shared memory (generic stores, proxy fence, consumer barrier) before its wgmma.
-// kstep issues slab k (after waiting for its stage) and retires slab k - 1 (`prev`, its stage handed
-// back to the producer); kdrain retires the last one. mainloop runs them back to back; the
-// overlapped walk (kOverlap) issues one slab per walk step, so the tensor cores work under the walk.
-template <class C, int BN, int BK>
-__device__ __forceinline__ void kstep(float (&acc)[BN / 2], const Tile& x, int k, uint32_t base, uint32_t full0,
-                                      uint32_t empty0, int& stage, uint32_t& phase, int& prev, int ctid, int cw,
-                                      int lane) {
-  constexpr int kNB = 2 + BN / 64;
-  wg::mbar_wait(full0 + 8 * stage, phase);
-  const uint32_t sa = base + stage * C::kStageBytes, sb = sa + C::kABytes;
-  const int valid = static_cast<int>(x.hi - x.lo) - k * BK;
-  if (valid < BK) {
-    const int chunks = kNB * (BK - valid) * 8;
-    for (int c = ctid; c < chunks; c += 256) {
-      const int blk = c / ((BK - valid) * 8), rr = c - blk * (BK - valid) * 8;
-      const uint32_t a = sa + blk * C::kBlock + (valid + (rr >> 3)) * 128 + (rr & 7) * 16;
-      asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(a), "r"(0) : "memory");
-    }
-    wg::fence_proxy_async();
-    consumers_sync();
-  }
-  wg::fence_regs(acc);
-  wg::wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < BK / 16; ++kk) {
-    const uint64_t da = wg::smem_desc(sa + cw * C::kBlock + kk * 2048, C::kBlock, 1024);
-    const uint64_t db = wg::smem_desc(sb + kk * 2048, C::kBlock, 1024);
-    wg::wgmma_bf16<BN, 1, 1>(acc, da, db, (k > 0 || kk > 0) ? 1 : 0);
-  }
-  wg::wgmma_commit();
-  if (prev >= 0) {
-    wg::wgmma_wait<1>();
-    wg::fence_regs(acc);
-    arrive_lane0(empty0 + 8 * prev, lane);
-  }
-  prev = stage;
-  if (++stage == C::kStages) {
-    stage = 0;
-    phase ^= 1u;
-  }
-}
-template <int BN>
-__device__ __forceinline__ void kdrain(float (&acc)[BN / 2], uint32_t empty0, int prev, int lane) {
-  wg::wgmma_wait<0>();
-  wg::fence_regs(acc);
-  arrive_lane0(empty0 + 8 * prev, lane);
-}
 template <class C, int BN, int BK>
 __device__ __forceinline__ void mainloop(float (&acc)[BN / 2], const Tile& x, uint32_t base, uint32_t full0,
                                          uint32_t empty0, int& stage, uint32_t& phase, int ctid, int cw,
                                          int lane) {
+  constexpr int kNB = 2 + BN / 64;
   int prev = -1;
-  for (int k = 0; k < x.ksteps; ++k) kstep<C, BN, BK>(acc, x, k, base, full0, empty0, stage, phase, prev, ctid, cw, lane);
-  kdrain<BN>(acc, empty0, prev, lane);
+  for (int k = 0; k < x.ksteps; ++k) {
+    wg::mbar_wait(full0 + 8 * stage, phase);
+    const uint32_t sa = base + stage * C::kStageBytes, sb = sa + C::kABytes;
+    const int valid = static_cast<int>(x.hi - x.lo) - k * BK;
+    if (valid < BK) {
+      const int chunks = kNB * (BK - valid) * 8;
+      for (int c = ctid; c < chunks; c += 256) {
+        const int blk = c / ((BK - valid) * 8), rr = c - blk * (BK - valid) * 8;
+        const uint32_t a = sa + blk * C::kBlock + (valid + (rr >> 3)) * 128 + (rr & 7) * 16;
+        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(a), "r"(0) : "memory");
+      }
+      wg::fence_proxy_async();
+      consumers_sync();
+    }
+    wg::fence_regs(acc);
+    wg::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) {
+      const uint64_t da = wg::smem_desc(sa + cw * C::kBlock + kk * 2048, C::kBlock, 1024);
+      const uint64_t db = wg::smem_desc(sb + kk * 2048, C::kBlock, 1024);
+      wg::wgmma_bf16<BN, 1, 1>(acc, da, db, (k > 0 || kk > 0) ? 1 : 0);
+    }
+    wg::wgmma_commit();
+    if (prev >= 0) {
+      wg::wgmma_wait<1>();
+      wg::fence_regs(acc);
+      arrive_lane0(empty0 + 8 * prev, lane);
+    }
+    prev = stage;
+    if (++stage == C::kStages) {
+      stage = 0;
+      phase ^= 1u;
+    }
+  }
+  wg::wgmma_wait<0>();
+  wg::fence_regs(acc);
+  arrive_lane0(empty0 + 8 * prev, lane);
 }
 
 // Consumers: the tile's fragments (+ the old rows the store warps loaded into the staging tile, when
@@ -322,12 +311,10 @@ __device__ __forceinline__ void empty_tile_sums(const Params& p, const int32_t* 
 // staged tile to p.c), kWalk (the consumers call walk() on the complete staged tile before releasing
 // it), Pending (what a consumer thread loads ahead for its walk: fetch() issues those loads, before
 // the tile's mainloop when kEarly, else after it), kWalkEmpty (the consumers call walk_empty() on
-// each tile of an expert without rows in their tile sequence: no mainloop, no staging), kOverlap
-// (with kWalk, without store warps: a staged tile is walked while the next tile's slabs run on the
-// tensor cores, walk_step() by walk_step(), walk_steps() of them) and empty_experts() (consumers,
-// after the main loop).
+// each tile of an expert without rows in their tile sequence: no mainloop, no staging) and
+// empty_experts() (consumers, after the main loop).
 struct StoreEpilogue {
-  static constexpr bool kStore = true, kWalk = false, kEarly = false, kWalkEmpty = false, kOverlap = false;
+  static constexpr bool kStore = true, kWalk = false, kEarly = false, kWalkEmpty = false;
   struct Pending {};
   template <int BN, typename DwT>
   __device__ void walk_empty(const Params&, const Tile&, int) const {}
@@ -335,10 +322,6 @@ struct StoreEpilogue {
   __device__ void fetch(const Params&, const Tile&, int, Pending&) const {}
   template <int BN, typename DwT, int kPitch>
   __device__ void walk(const Params&, const Tile&, const unsigned char*, int, Pending&) const {}
-  template <int BN>
-  __device__ int walk_steps(const Params&, const Tile&) const { return 0; }
-  template <int BN, typename DwT, int kPitch>
-  __device__ void walk_step(const Params&, const Tile&, const unsigned char*, int, Pending&, int) const {}
   template <typename DwT>
   __device__ void empty_experts(const Params& p, const int32_t* s_off, int ctid) const {
     if (p.accumulate) return;
@@ -457,56 +440,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const bool solo = !Epi::kStore && !p.accumulate;  // no store warps (they returned above)
   // with kWalkEmpty the consumers also visit the tiles of experts without rows (the producer and the
   // store warps skip them), so that this work is spread over the CTAs like the rest
-  if constexpr (Epi::kOverlap) {
-    if (solo) {
-      // Each staged tile is walked during the next real tile's mainloop: walk step i issues that
-      // tile's slab i (slabs beyond the walk's steps follow it). A tile of an expert without rows
-      // first finishes the pending walk. The tiles, their staging and sums are those of the loop
-      // below; only the time at which a tile's walk runs moves.
-      Tile prev{};
-      bool have = false;
-      for (int64_t t = blockIdx.x; t < total; t += stride) {
-        const Tile x = decode<BN, BK>(p, s_off, t);
-        if (x.ksteps == 0) {
-          if (have) epi.template walk<BN, DwT, C::kPitch>(p, prev, out_p, ctid, pend);
-          have = false;
-          epi.template walk_empty<BN, DwT>(p, x, ctid);
-          continue;
-        }
-#pragma unroll
-        for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
-        int kprev = -1;
-        const int steps = have ? epi.template walk_steps<BN>(p, prev) : 0;
-#pragma unroll 1
-        for (int k = 0; k < x.ksteps; ++k) {
-          kstep<C, BN, BK>(acc, x, k, base, full0, empty0, stage, phase, kprev, ctid, cw, lane);
-          if (k < steps) epi.template walk_step<BN, DwT, C::kPitch>(p, prev, out_p, ctid, pend, k);
-        }
-#pragma unroll 1
-        for (int i = x.ksteps; i < steps; ++i) epi.template walk_step<BN, DwT, C::kPitch>(p, prev, out_p, ctid, pend, i);
-        kdrain<BN>(acc, empty0, kprev, lane);
-        consumers_sync();  // every consumer has walked the previous staged tile
-        const int nrows = static_cast<int>(p.ci - x.i0 < kBM ? p.ci - x.i0 : kBM);
-        const int ncols = static_cast<int>(p.cj - x.j0 * BN < BN ? p.cj - x.j0 * BN : BN);
-        double* red = p.ss ? s_red + 8 : nullptr;
-        stage_tile<BN, DwT, C::kPitch>(acc, false, sout, out_p, lane, warp, red, nrows, ncols);
-        consumers_sync();
-        if (p.ss && ctid == 0) {  // the 8 warp sums in warp order, as store thread 0 adds them
-          double s = 0.0;
-#pragma unroll
-          for (int w = 0; w < 8; ++w) s += red[w];
-          p.ss[t] = s;
-        }
-        epi.template fetch<BN>(p, x, ctid, pend);
-        prev = x;
-        have = true;
-      }
-      if (have) epi.template walk<BN, DwT, C::kPitch>(p, prev, out_p, ctid, pend);
-      if (p.ss) empty_tile_sums<BN, DwT, BK>(p, s_off, s_red, ctid, lane, warp, total, stride);
-      epi.template empty_experts<DwT>(p, s_off, ctid);
-      return;
-    }
-  }
   for (int64_t t = Epi::kWalkEmpty ? blockIdx.x : seek(blockIdx.x); t < total;
        t = Epi::kWalkEmpty ? t + stride : seek(t + stride)) {
     const Tile x = decode<BN, BK>(p, s_off, t);
@@ -639,8 +572,7 @@ inline int64_t dw_tiles(int E, int64_t K, int64_t M, bool dw_bf16) {
 inline void dispatch_dw(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, int E, int64_t N, int64_t K,
                         int64_t M, void* dw, bool dw_bf16, bool accumulate, double* partial, int variant) {
   if (dw_bf16) {
-    if (variant == 2) launch_dw<128, bf16, 64>(ctx, x, dy, off, E, N, K, M, dw, accumulate, partial);
-    else if (variant == 1) launch_dw<256, bf16, 32>(ctx, x, dy, off, E, N, K, M, dw, accumulate, partial);
+    if (variant == 1) launch_dw<256, bf16, 32>(ctx, x, dy, off, E, N, K, M, dw, accumulate, partial);
     else launch_dw<256, bf16, 64>(ctx, x, dy, off, E, N, K, M, dw, accumulate, partial);
   } else {
     if (variant == 1) launch_dw<128, float, 64>(ctx, x, dy, off, E, N, K, M, dw, accumulate, partial);

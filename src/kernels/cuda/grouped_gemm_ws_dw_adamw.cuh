@@ -180,41 +180,27 @@ __device__ __forceinline__ void apply_batch(const AdamWParams& a, const unsigned
 // nothing is stored; experts without rows get the update from g = prior (or 0). Each consumer
 // thread keeps U vectors' w, m, v loads in flight ahead of the ones it updates: the first batch is
 // fetched around the mainloop (before it when kEarly), each next one before the current is applied.
-template <typename W, typename MT, typename VT, int U, bool Early = false, bool Overlap = false>
+template <typename W, typename MT, typename VT, int U, bool Early = false>
 struct AdamWEpilogue {
   // kWalkEmpty with bf16 state only: with f32 state the extra per-tile path made the whole kernel
   // 1.85x slower on the H100 (gate_up 4.15 -> 7.71 ms, not understood yet), so f32 keeps the tail.
-  // kOverlap (bf16 state, no prior gradient): a staged tile is walked under the next tile's wgmma.
-  static constexpr bool kStore = false, kWalk = true, kEarly = Early, kWalkEmpty = sizeof(W) == 2,
-                        kOverlap = Overlap && sizeof(W) == 2;
+  static constexpr bool kStore = false, kWalk = true, kEarly = Early, kWalkEmpty = sizeof(W) == 2;
   using Pending = Batch<W, MT, VT, U>;
   AdamWParams a;
   template <int BN>
   __device__ void fetch(const Params& p, const Tile& x, int ctid, Pending& q) const {
     fetch_batch<BN, W, MT, VT, U>(a, walk_geom<BN>(p, x), ctid, q);
   }
-  // The walk of a staged tile in steps: step i applies vectors ctid + 256 U i + 256 u (u < U) with
-  // the loads fetched a step earlier, and fetches the next step's. walk_steps is the same in every
-  // consumer thread.
-  template <int BN>
-  __device__ int walk_steps(const Params& p, const Tile& x) const {
-    return (walk_geom<BN>(p, x).nvec + 256 * U - 1) / (256 * U);
-  }
-  template <int BN, typename GT, int kPitch>
-  __device__ void walk_step(const Params& p, const Tile& x, const unsigned char* tile, int ctid, Pending& q,
-                            int i) const {
-    const WalkGeom g = walk_geom<BN>(p, x);
-    const int b = ctid + 256 * U * i;
-    Pending next;
-    if (b + 256 * U < g.nvec) fetch_batch<BN, W, MT, VT, U>(a, g, b + 256 * U, next);
-    apply_batch<BN, GT, kPitch, W, MT, VT, U>(a, tile, g, b, q);
-    q = next;
-  }
   template <int BN, typename GT, int kPitch>
   __device__ void walk(const Params& p, const Tile& x, const unsigned char* tile, int ctid, Pending& q) const {
-    const int steps = walk_steps<BN>(p, x);
+    const WalkGeom g = walk_geom<BN>(p, x);
 #pragma unroll 1
-    for (int i = 0; i < steps; ++i) walk_step<BN, GT, kPitch>(p, x, tile, ctid, q, i);
+    for (int b = ctid; b < g.nvec; b += 256 * U) {
+      Pending next;
+      if (b + 256 * U < g.nvec) fetch_batch<BN, W, MT, VT, U>(a, g, b + 256 * U, next);
+      apply_batch<BN, GT, kPitch, W, MT, VT, U>(a, tile, g, b, q);
+      q = next;
+    }
   }
   // A tile of an expert without rows (an untrained router leaves half of them idle in deeper
   // layers): g = prior or 0, the same vectors and order as walk(), U vectors' loads in flight. The
@@ -321,12 +307,11 @@ struct AdamWEpilogue {
   }
 };
 
-template <int BN, typename GT, int BK, typename W, typename MT, typename VT, int U, bool Early = false,
-          bool Overlap = false>
+template <int BN, typename GT, int BK, typename W, typename MT, typename VT, int U, bool Early = false>
 void launch(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, int E, int64_t N, int64_t K, int64_t M,
             const DwAdamWArgs& args, double* partial) {
   const Params p = dw_params<BN>(off, E, K, M, const_cast<void*>(args.prior), args.prior != nullptr, partial);
-  AdamWEpilogue<W, MT, VT, U, Early, Overlap> epi{};
+  AdamWEpilogue<W, MT, VT, U, Early> epi{};
   epi.a.w = args.master;
   epi.a.m = args.m;
   epi.a.v = args.v;
@@ -368,15 +353,9 @@ inline bool dw_adamw_supported(const Context& ctx, int E, int64_t N, int64_t K, 
 inline bool dispatch_dw_adamw(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, int E, int64_t N,
                               int64_t K, int64_t M, const DwAdamWArgs& a, double* partial, int variant = 0) {
   if (!dw_adamw_supported(ctx, E, N, K, M, a)) return false;
-  const int alt = (variant >> 2) & 1, early = !((variant >> 3) & 1), narrow = (variant >> 4) & 1;
+  const int alt = (variant >> 2) & 1, early = !((variant >> 3) & 1);
   using u16 = uint16_t;
-  if (a.grad_bf16 && a.master_bf16 && (variant & 32)) {  // 256-wide, overlapped, 1 vector ahead
-    dwa::launch<256, bf16, 64, u16, u16, u16, 1, true, true>(ctx, x, dy, off, E, N, K, M, a, partial);
-  } else if (a.grad_bf16 && a.master_bf16 && narrow) {  // 128-wide tiles: bit 3 = no overlap, bit 2 = 1 ahead
-    if (!early) dwa::launch<128, bf16, 64, u16, u16, u16, 2, true>(ctx, x, dy, off, E, N, K, M, a, partial);
-    else if (alt) dwa::launch<128, bf16, 64, u16, u16, u16, 1, true, true>(ctx, x, dy, off, E, N, K, M, a, partial);
-    else dwa::launch<128, bf16, 64, u16, u16, u16, 2, true, true>(ctx, x, dy, off, E, N, K, M, a, partial);
-  } else if (a.grad_bf16 && a.master_bf16) {
+  if (a.grad_bf16 && a.master_bf16) {
     if (alt && early) dwa::launch<256, bf16, 64, u16, u16, u16, 4, true>(ctx, x, dy, off, E, N, K, M, a, partial);
     else if (alt) dwa::launch<256, bf16, 64, u16, u16, u16, 4>(ctx, x, dy, off, E, N, K, M, a, partial);
     else if (early) dwa::launch<256, bf16, 64, u16, u16, u16, 2, true>(ctx, x, dy, off, E, N, K, M, a, partial);
