@@ -117,14 +117,13 @@ __device__ __forceinline__ float div_fast(float a, float b) {
   const float q = __fmaf_rn(a, r, 0.0f);
   return __fmaf_rn(r, __fmaf_rn(-b, q, a), q);
 }
-// update() of N independent elements: the same operations in the same order per element.
-template <int N>
-__device__ __forceinline__ void update_n(const Consts& c, const float (&grad)[N], float (&m)[N], float (&v)[N],
-                                         float (&w)[N]) {
-  float m0[N], v0[N], w0[N];
+// update() of 8 independent elements: the same operations in the same order per element.
+__device__ __forceinline__ void update8(const Consts& c, const float (&grad)[8], float (&m)[8], float (&v)[8],
+                                        float (&w)[8]) {
+  float m0[8], v0[8], w0[8];
   unsigned redo = 0;
 #pragma unroll
-  for (int j = 0; j < N; ++j) {
+  for (int j = 0; j < 8; ++j) {
     m0[j] = m[j], v0[j] = v[j], w0[j] = w[j];
     const float g = mul(grad[j], c.grad_scale);
     m[j] = add(mul(c.b1, m[j]), mul(c.one_minus_b1, g));
@@ -136,16 +135,12 @@ __device__ __forceinline__ void update_n(const Consts& c, const float (&grad)[N]
   }
   if (redo) {
 #pragma unroll
-    for (int j = 0; j < N; ++j)
+    for (int j = 0; j < 8; ++j)
       if ((redo >> j) & 1u) {
         m[j] = m0[j], v[j] = v0[j], w[j] = w0[j];
         update(c, grad[j], m[j], v[j], w[j]);
       }
   }
-}
-__device__ __forceinline__ void update8(const Consts& c, const float (&grad)[8], float (&m)[8], float (&v)[8],
-                                        float (&w)[8]) {
-  update_n<8>(c, grad, m, v, w);
 }
 #endif
 

@@ -328,13 +328,6 @@ inline bool aligned16(const void* q) { return (reinterpret_cast<uintptr_t>(q) & 
 
 }  // namespace dwa
 
-// The fragment walk (grouped_gemm_ws_dw_adamw_frag.cuh, included at the end of this file).
-namespace dwf {
-inline bool supported(const DwAdamWArgs& a);
-inline void launch(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, int E, int64_t N, int64_t K,
-                   int64_t M, const DwAdamWArgs& args, double* partial, int shape);
-}  // namespace dwf
-
 // Size of the per-tile sum-of-squares buffer dispatch_dw_adamw writes (dispatch_dw's tiling).
 inline int64_t dw_adamw_tiles(int E, int64_t K, int64_t M, bool grad_bf16) { return dw_tiles(E, K, M, grad_bf16); }
 
@@ -361,10 +354,6 @@ inline bool dispatch_dw_adamw(Context& ctx, const bf16* x, const bf16* dy, const
                               int64_t K, int64_t M, const DwAdamWArgs& a, double* partial, int variant = 0) {
   if (!dw_adamw_supported(ctx, E, N, K, M, a)) return false;
   const int alt = (variant >> 2) & 1, early = !((variant >> 3) & 1);
-  if (((variant >> 4) & 1) && dwf::supported(a)) {
-    dwf::launch(ctx, x, dy, off, E, N, K, M, a, partial, (variant >> 5) & 3);
-    return true;
-  }
   using u16 = uint16_t;
   if (a.grad_bf16 && a.master_bf16) {
     if (alt && early) dwa::launch<256, bf16, 64, u16, u16, u16, 4, true>(ctx, x, dy, off, E, N, K, M, a, partial);
@@ -383,5 +372,3 @@ inline bool dispatch_dw_adamw(Context& ctx, const bf16* x, const bf16* dy, const
 }
 
 }  // namespace moetrain::cuda::gwd
-
-#include "kernels/cuda/grouped_gemm_ws_dw_adamw_frag.cuh"
