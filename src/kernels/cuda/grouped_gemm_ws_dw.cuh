@@ -483,6 +483,133 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
+// ---- the split kernel: separate walker warpgroups -------------------------------------------------
+// For a walking epilogue with nothing to load into the staging tile (Epi::kWalk && kWalkEmpty, no
+// prior): 640 threads. Warp 0 loads as above (warps 1-3 exit); warpgroups 1-2 (consumers) run each
+// tile's mainloop and stage it into one of two staging buffers; warpgroups 3-4 (walkers) walk the
+// staged tiles (and the tiles of experts without rows) while the consumers run the next mainloop.
+// sfull[b] (256 consumer arrivals) says buffer b holds a staged tile and its 8 warp sums; sempty[b]
+// (256 walker arrivals) says the walkers are done with it. Same tiles, same staged values, same
+// per-tile sums (added by walker 0 in warp order) as gmm_ws_dw_kernel with the same BN.
+constexpr int kSplitThreads = 640, kSplitProdRegs = 24, kSplitConsRegs = 104, kSplitWalkRegs = 120;
+// setmaxnreg.inc only takes registers that a setmaxnreg.dec released in the same CTA: at launch every
+// thread holds kSplitLaunchRegs (ptxas's cap for 640 threads), and the increases must fit in what the
+// loader warpgroup gives back.
+constexpr int kSplitLaunchRegs = 96;
+static_assert(256 * (kSplitConsRegs + kSplitWalkRegs - 2 * kSplitLaunchRegs) <= 128 * (kSplitLaunchRegs - kSplitProdRegs),
+              "register split");
+template <int BN, typename DwT, int BK>
+struct SplitCfg {
+  using C = Cfg<BN, DwT, BK>;
+  // the ring as Cfg lays it out (what produce / mainloop read), with kStages stages
+  static constexpr int kBlock = C::kBlock, kABytes = C::kABytes, kStageBytes = C::kStageBytes;
+  static constexpr int kOut2 = 2 * C::kOutBytes;
+  static constexpr int kOffOff = kOut2 + 256;  // barriers: full[kS], empty[kS], sfull[2], sempty[2]
+  static constexpr int kRedOff = kOffOff + ((kMaxE + 1) * 4 + 7) / 8 * 8;
+  static constexpr int kFixed = 1024 + kRedOff + 24 * 8;
+  static constexpr int kFit = (227 * 1024 - kFixed) / C::kStageBytes;
+  static constexpr int kStages = kFit < 8 ? kFit : 8;
+  static_assert(kStages >= 2, "split dW tile does not fit in shared memory");
+  static_assert((2 * kStages + 4) * 8 <= 256, "barrier space");
+  static constexpr int kSmem = kFixed + kStages * C::kStageBytes;
+};
+
+template <int BN, typename DwT, int BK, class Epi>
+__global__ void __launch_bounds__(kSplitThreads, 1)
+    gmm_ws_dw_split_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                           const Params p, const Epi epi) {
+#if MT_WGMMA_ENABLED
+  static_assert(Epi::kWalk && !Epi::kStore && Epi::kWalkEmpty, "the split kernel walks every tile itself");
+  using C = Cfg<BN, DwT, BK>;
+  using S = SplitCfg<BN, DwT, BK>;
+  constexpr int kS = S::kStages;
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw = mma::smem_addr(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  unsigned char* out_p = smem_raw + (base - raw) + kS * C::kStageBytes;
+  const uint32_t sout = base + kS * C::kStageBytes;
+  const uint32_t full0 = sout + S::kOut2, empty0 = full0 + 8 * kS, sfull0 = empty0 + 8 * kS, sempty0 = sfull0 + 16;
+  int32_t* s_off = reinterpret_cast<int32_t*>(out_p + S::kOffOff);
+  double* s_red = reinterpret_cast<double*>(out_p + S::kRedOff);
+  const int tid = threadIdx.x;
+  for (int i = tid; i <= p.E; i += kSplitThreads) s_off[i] = p.off[i];
+  if (tid == 0) {
+    for (int s = 0; s < kS; ++s) {
+      wg::mbar_init(full0 + 8 * s, 1);
+      wg::mbar_init(empty0 + 8 * s, 8);
+    }
+    for (int b = 0; b < 2; ++b) {
+      wg::mbar_init(sfull0 + 8 * b, 256);
+      wg::mbar_init(sempty0 + 8 * b, 256);
+    }
+    wg::fence_mbar_init();
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map_a)) : "memory");
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map_b)) : "memory");
+  }
+  __syncthreads();
+  const int64_t total = static_cast<int64_t>(p.E) * p.nmt * p.ncol, stride = gridDim.x;
+  auto seek = [&](int64_t t) {
+    while (t < total && decode<BN, BK>(p, s_off, t).ksteps == 0) t += stride;
+    return t;
+  };
+  const int wgi = __shfl_sync(0xffffffffu, tid / 128, 0);
+  if (wgi == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kSplitProdRegs));
+    if (tid == 0) produce<S, BN, BK>(&map_a, &map_b, p, s_off, base, full0, empty0, total, stride, seek);
+    return;
+  }
+  if (wgi >= 3) {  // ---- walkers ----
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kSplitWalkRegs));
+    const int wtid = tid - 384;
+    uint32_t it = 0;
+    typename Epi::Pending pend;
+    for (int64_t t = blockIdx.x; t < total; t += stride) {
+      const Tile x = decode<BN, BK>(p, s_off, t);
+      if (x.ksteps == 0) {
+        epi.template walk_empty<BN, DwT>(p, x, wtid);
+        continue;
+      }
+      const uint32_t b = it & 1u, use = it >> 1;
+      ++it;
+      epi.template fetch<BN>(p, x, wtid, pend);  // in flight while the consumers finish the tile
+      wg::mbar_wait(sfull0 + 8 * b, use & 1u);
+      if (p.ss && wtid == 0) {  // the consumers' 8 warp sums, added in warp order
+        const double* red = s_red + 8 + 8 * b;
+        double s = 0.0;
+#pragma unroll
+        for (int w = 0; w < 8; ++w) s += red[w];
+        p.ss[t] = s;
+      }
+      epi.template walk<BN, DwT, C::kPitch>(p, x, out_p + b * C::kOutBytes, wtid, pend);
+      wg::mbar_arrive(sempty0 + 8 * b);
+    }
+    return;
+  }
+  // ---- consumers ----
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kSplitConsRegs));
+  const int ctid = tid - 128, cw = ctid >> 7, lane = tid & 31, warp = ctid >> 5;
+  int stage = 0;
+  uint32_t phase = 0, it = 0;
+  float acc[BN / 2];
+  for (int64_t t = seek(blockIdx.x); t < total; t = seek(t + stride)) {
+    const Tile x = decode<BN, BK>(p, s_off, t);
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
+    mainloop<S, BN, BK>(acc, x, base, full0, empty0, stage, phase, ctid, cw, lane);
+    const uint32_t b = it & 1u, use = it >> 1;
+    ++it;
+    wg::mbar_wait(sempty0 + 8 * b, (use & 1u) ^ 1u);  // the walkers are done with this buffer's last tile
+    const int nrows = static_cast<int>(p.ci - x.i0 < kBM ? p.ci - x.i0 : kBM);
+    const int ncols = static_cast<int>(p.cj - x.j0 * BN < BN ? p.cj - x.j0 * BN : BN);
+    double* red = p.ss ? s_red + 8 + 8 * b : nullptr;
+    stage_tile<BN, DwT, C::kPitch>(acc, false, sout + b * C::kOutBytes, out_p + b * C::kOutBytes, lane, warp, red,
+                                   nrows, ncols);
+    wg::mbar_arrive(sfull0 + 8 * b);
+  }
+  if (p.ss) empty_tile_sums<BN, DwT, BK>(p, s_off, s_red, ctid, lane, warp, total, stride);
+#endif
+}
+
 // ---- host -------------------------------------------------------------------------------------
 using EncodeFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                               const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
@@ -548,6 +675,18 @@ void launch_dw_kernel(Context& ctx, const bf16* x, const bf16* dy, int64_t N, in
   auto kernel = gmm_ws_dw_kernel<BN, DwT, BK, Epi>;
   MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
   kernel<<<static_cast<unsigned>(grid), kThreads, C::kSmem, stream_of(ctx)>>>(ma, mb, p, epi);
+  check_launch(op);
+}
+
+// The split kernel (walking epilogues without a prior only) on `grid` CTAs. x [N, K], dy [N, M].
+template <int BN, typename DwT, int BK, class Epi>
+void launch_dw_split_kernel(Context& ctx, const bf16* x, const bf16* dy, int64_t N, int64_t K, int64_t M,
+                            const Params& p, const Epi& epi, int64_t grid, const char* op) {
+  using S = SplitCfg<BN, DwT, BK>;
+  const CUtensorMap ma = dw_map(dy, N > 0 ? N : 1, M, BK), mb = dw_map(x, N > 0 ? N : 1, K, BK);
+  auto kernel = gmm_ws_dw_split_kernel<BN, DwT, BK, Epi>;
+  MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem));
+  kernel<<<static_cast<unsigned>(grid), kSplitThreads, S::kSmem, stream_of(ctx)>>>(ma, mb, p, epi);
   check_launch(op);
 }
 
