@@ -172,11 +172,7 @@ void run_unfused(Context& ctx, const Prob& p, const Conf& cf, const State& s, vo
 
 bool check(Context& ctx, const Prob& p, const Conf& cf, bool acc, bool sr, bool with_ss, std::vector<int> variants) {
   const int64_t n = (int64_t)p.E * p.M * p.K, gb = n * (cf.g16 ? 2 : 4);
-  // split variants (bit 16: all-bf16, no prior) tile 128 wide: their partials are checked against
-  // the dW kernel on 128-wide bf16 tiles
-  const int64_t tiles256 = gwd::dw_adamw_tiles(p.E, p.K, p.M, cf.g16);
-  const int64_t tiles128 = (int64_t)p.E * ((p.M + 127) / 128) * ((p.K + 127) / 128);
-  const int64_t tiles = std::max(tiles256, tiles128);
+  const int64_t tiles = gwd::dw_adamw_tiles(p.E, p.K, p.M, cf.g16);
   Opt o{am::make_consts(2e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 0.5f), sr, 0x1234abcdull + p.E, 77 + (uint64_t)p.K};
   State s0 = alloc_state(cf, n), sr_ = alloc_state(cf, n), sf = alloc_state(cf, n);
   init_state(cf, n, s0, 100 + p.M);
@@ -208,22 +204,9 @@ bool check(Context& ctx, const Prob& p, const Conf& cf, bool acc, bool sr, bool 
     const bool took = gwd::dispatch_dw_adamw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, a, with_ss ? pf : nullptr, var);
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
-    const bool split = (var & 16) && cf.w16 && cf.g16 && !acc;
-    double* pref = pr;
-    double* pr128 = nullptr;
-    if (split && with_ss) {
-      void* g128;
-      CK(cudaMalloc(&g128, gb));
-      CK(cudaMalloc(&pr128, tiles * 8 + 8));
-      CK(cudaMemset(pr128, 0xFF, tiles * 8 + 8));
-      gwd::launch_dw<128, bf16, 64>(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, g128, false, pr128);
-      CK(cudaDeviceSynchronize());
-      CK(cudaFree(g128));
-      pref = pr128;
-    }
     const int64_t dw_ = ndiff(sf.w, sr_.w, n * (cf.w16 ? 2 : 4)), dm = ndiff(sf.m, sr_.m, n * (cf.m16 ? 2 : 4)),
                   dv = ndiff(sf.v, sr_.v, n * (cf.v16 ? 2 : 4)), dc = cf.comp ? ndiff(sf.c, sr_.c, n * 2) : 0,
-                  dp = with_ss ? ndiff(pf, pref, tiles * 8 + 8) : 0, dpr = acc ? ndiff(prior, prior0, gb) : 0;
+                  dp = with_ss ? ndiff(pf, pr, tiles * 8 + 8) : 0, dpr = acc ? ndiff(prior, prior0, gb) : 0;
     const bool good = took && dw_ == 0 && dm == 0 && dv == 0 && dc == 0 && dp == 0 && dpr == 0 && changed > 0;
     std::printf("%-10s %-9s %-2s sr%d ss%d v%d: words differ w %lld m %lld v %lld comp %lld partials %lld prior %lld;"
                 " weights changed %.1f%% %s\n",
@@ -231,7 +214,6 @@ bool check(Context& ctx, const Prob& p, const Conf& cf, bool acc, bool sr, bool 
                 (long long)dv, (long long)dc, (long long)dp, (long long)dpr,
                 100.0 * changed / (double)(n * (cf.w16 ? 0.5 : 1.0)), good ? "PASS" : "FAIL");
     ok = ok && good;
-    if (pr128) CK(cudaFree(pr128));
   }
   free_state(s0);
   free_state(sr_);
@@ -276,9 +258,8 @@ int main(int argc, char** argv) {
   ctx.facts_.cc_minor = prop.minor;
   std::printf("device %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
   // variant: 0 = default, 4 = the other walk depth, 8 = first batch fetched after the mainloop
-  // 16 / 20: the split kernel (separate walker warpgroups, 128-wide tiles; all-bf16 without a prior)
-  const std::vector<int> all_vars = {0, 4, 8, 12, 16, 20};
-  const std::vector<int> time_vars = {0, 8, 16, 20};
+  const std::vector<int> all_vars = {0, 4, 8, 12};
+  const std::vector<int> time_vars = {0, 4, 8, 12};
   if (part != "shapes" && part != "tiny" && part != "skew") {
     std::vector<Prob> edges;
     edges.push_back(make("uneven", {0, 1, 1000, 0, 64, 65, 128, 129, 255, 257, 3, 0}, 2300, 264, 200));
@@ -318,7 +299,7 @@ int main(int argc, char** argv) {
       const int64_t mx = *std::max_element(counts.begin(), counts.end()), mn = *std::min_element(counts.begin(), counts.end());
       Prob p = make("gate_up", counts, 32768, 2048, 1536);
       if (alpha < 0) {  // bits against the separate kernels with 60 idle experts (= and += / prior)
-        check(ctx, p, kAllBf16, false, true, true, {0, 16, 20});
+        check(ctx, p, kAllBf16, false, true, true, {0});
         check(ctx, p, kDefault, true, false, true, {0});
       }
       const int64_t n = (int64_t)p.E * p.M * p.K;
@@ -327,12 +308,9 @@ int main(int argc, char** argv) {
       void* grad;
       CK(cudaMalloc(&grad, n * 2));
       double* part;
-      CK(cudaMalloc(&part, gwd::dw_adamw_tiles(p.E, p.K, p.M, true) * 16));  // 128-wide tiles: twice as many
+      CK(cudaMalloc(&part, gwd::dw_adamw_tiles(p.E, p.K, p.M, true) * 8));
       Opt o{am::make_consts(1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 1.0f), true, 99, 3};
       const gwd::DwAdamWArgs a = args_for(kAllBf16, st, nullptr, o);
-      std::printf("| rows ~ rank^%.1f (%lld..%lld) | split v16 %8.3f | v20 %8.3f |\n", -alpha, (long long)mn, (long long)mx,
-                  time_ms([&] { gwd::dispatch_dw_adamw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, a, part, 16); }, reps),
-                  time_ms([&] { gwd::dispatch_dw_adamw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, a, part, 20); }, reps));
       std::printf("| rows ~ rank^%.1f (%lld..%lld) | dW %8.3f | unfused %8.3f | fused %8.3f |\n", -alpha, (long long)mn,
                   (long long)mx,
                   time_ms([&] { gwd::dispatch_dw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, grad, true, false, part, 0); }, reps),
@@ -395,7 +373,7 @@ int main(int argc, char** argv) {
     }
     for (S s : {S{"gate_up", 2048, 1536}, S{"down", 768, 2048}}) {
       Prob p = make(s.tag, counts, 32768, s.K, s.M);
-      check(ctx, p, kAllBf16, false, true, true, {0, 4, 8, 12, 16, 20});
+      check(ctx, p, kAllBf16, false, true, true, {0, 4, 8, 12});
       check(ctx, p, kAllBf16, true, false, true, {0});
       check(ctx, p, kDefault, true, false, true, {0, 4, 8});
       check(ctx, p, kDefault, false, false, false, {0});
@@ -408,7 +386,7 @@ int main(int argc, char** argv) {
         void* grad;
         double* part;
         CK(cudaMalloc(&grad, gb));
-        CK(cudaMalloc(&part, tiles * 16));  // the split variants' 128-wide tiles: up to twice as many
+        CK(cudaMalloc(&part, tiles * 8));
         for (const bool sr : {true, false}) {
           if (!sr && !cf->w16) continue;  // stochastic rounding exists only with a bf16 master
           Opt o{am::make_consts(1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 1.0f), sr, 99, 3};

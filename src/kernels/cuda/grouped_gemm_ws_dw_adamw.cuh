@@ -307,8 +307,7 @@ struct AdamWEpilogue {
   }
 };
 
-template <int BN, typename GT, int BK, typename W, typename MT, typename VT, int U, bool Early = false,
-          bool Split = false>
+template <int BN, typename GT, int BK, typename W, typename MT, typename VT, int U, bool Early = false>
 void launch(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, int E, int64_t N, int64_t K, int64_t M,
             const DwAdamWArgs& args, double* partial) {
   const Params p = dw_params<BN>(off, E, K, M, const_cast<void*>(args.prior), args.prior != nullptr, partial);
@@ -322,10 +321,7 @@ void launch(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, int
   epi.a.counter = args.counter;
   epi.a.sr = args.sr ? 1 : 0;
   // every CTA takes part in the updates of experts without rows, so the grid is never cut to the tiles
-  if constexpr (Split)
-    launch_dw_split_kernel<BN, GT, BK>(ctx, x, dy, N, K, M, p, epi, dw_sm_count(ctx), "grouped_matmul_backward_adamw");
-  else
-    launch_dw_kernel<BN, GT, BK>(ctx, x, dy, N, K, M, p, epi, dw_sm_count(ctx), "grouped_matmul_backward_adamw");
+  launch_dw_kernel<BN, GT, BK>(ctx, x, dy, N, K, M, p, epi, dw_sm_count(ctx), "grouped_matmul_backward_adamw");
 }
 
 inline bool aligned16(const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15u) == 0; }
@@ -359,10 +355,7 @@ inline bool dispatch_dw_adamw(Context& ctx, const bf16* x, const bf16* dy, const
   if (!dw_adamw_supported(ctx, E, N, K, M, a)) return false;
   const int alt = (variant >> 2) & 1, early = !((variant >> 3) & 1);
   using u16 = uint16_t;
-  if (a.grad_bf16 && a.master_bf16 && (variant & 16) && a.prior == nullptr) {  // split kernel, 128-wide tiles
-    if (alt) dwa::launch<128, bf16, 64, u16, u16, u16, 1, true, true>(ctx, x, dy, off, E, N, K, M, a, partial);
-    else dwa::launch<128, bf16, 64, u16, u16, u16, 2, true, true>(ctx, x, dy, off, E, N, K, M, a, partial);
-  } else if (a.grad_bf16 && a.master_bf16) {
+  if (a.grad_bf16 && a.master_bf16) {
     if (alt && early) dwa::launch<256, bf16, 64, u16, u16, u16, 4, true>(ctx, x, dy, off, E, N, K, M, a, partial);
     else if (alt) dwa::launch<256, bf16, 64, u16, u16, u16, 4>(ctx, x, dy, off, E, N, K, M, a, partial);
     else if (early) dwa::launch<256, bf16, 64, u16, u16, u16, 2, true>(ctx, x, dy, off, E, N, K, M, a, partial);
