@@ -4,8 +4,10 @@
 // run-to-run bits, untouched / zeroed empty experts, the fused sum of squares; then CUDA-event
 // medians. With -DMT_DW_OLD (the run script, given a snapshot of an earlier grouped_gemm_ws_dw.cuh
 // renamed to namespace gwd_old) that kernel is checked and timed beside it: an A/B in one process.
-// Build / run: bench/standalone/gemm_ws_dw_run.sh. Usage: gemm_ws_dw [reps] [edges|shapes].
+// Build / run: bench/standalone/gemm_ws_dw_run.sh. Usage: gemm_ws_dw [reps] [edges|shapes|lmhead].
 #include <cuda_bf16.h>
+#include <cublasLt.h>
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -211,6 +213,197 @@ float time_ms(Context& ctx, int impl, const Prob& p, void* dw, bool b16, bool ac
   return ts[ts.size() / 2];
 }
 
+// The loss head's lm_head gradient: dw [V, H] (+)= dlogits^T [V, n] h [n, H] for one row chunk of n
+// tokens (one group), by the ws kernel (variants 0 / 1) and by cuBLAS (cublasGemmEx, f32 compute,
+// what ops::matmul runs), f32 += (a later chunk) and = (the first). Sampled f64 reference check.
+void lmhead(Context& ctx, int reps) {
+  const int64_t V = 151936, H = 2048;
+  cublasHandle_t hb;
+  if (cublasCreate(&hb) != CUBLAS_STATUS_SUCCESS) { std::puts("cublasCreate failed"); ++g_fail; return; }
+  std::vector<std::string> table;
+  for (int64_t n : {820, 1366, 2048, 4096}) {
+    Prob p = make("lm_head", {n}, n, H, V);
+    const int64_t tot = V * H;
+    float *dw, *init;
+    CK(cudaMalloc(&dw, tot * 4 + 16));
+    CK(cudaMalloc(&init, tot * 4 + 16));
+    fill_f32<<<1024, 256>>>(init, tot, 5, 3.0f);
+    const double fl = 2.0 * n * H * V;
+    auto cublas = [&](bool acc) {
+      const float alpha = 1.0f, beta = acc ? 1.0f : 0.0f;
+      // row-major dw [V, H] = dy^T x: column-major dw^T [H, V] = x^T [H, n] (dy [n, V] col-major [V, n])^T
+      cublasGemmEx(hb, CUBLAS_OP_N, CUBLAS_OP_T, (int)H, (int)V, (int)n, &alpha, p.x, CUDA_R_16BF, (int)H, p.dy,
+                   CUDA_R_16BF, (int)V, &beta, dw, CUDA_R_32F, (int)H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    };
+    {  // the chunk's other two GEMMs (cuBLAS, bf16 out): logits = h W^T [n, V], dh = dlogits W [n, H]
+      bf16 *w, *lg, *dh;
+      CK(cudaMalloc(&w, V * H * 2));
+      CK(cudaMalloc(&lg, n * V * 2));
+      CK(cudaMalloc(&dh, n * H * 2));
+      fill_bf16<<<1024, 256>>>(w, V * H, 13, 0.02f, INT64_MAX);
+      const float alpha = 1.0f, beta = 0.0f;
+      for (int g = 0; g < 2; ++g) {
+        auto once = [&] {
+          if (g == 0)  // col-major lg^T [V, n] = W [V, H] (col-major [H, V])^T x h^T [H, n]
+            cublasGemmEx(hb, CUBLAS_OP_T, CUBLAS_OP_N, (int)V, (int)n, (int)H, &alpha, w, CUDA_R_16BF, (int)H, p.x,
+                         CUDA_R_16BF, (int)H, &beta, lg, CUDA_R_16BF, (int)V, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+          else  // col-major dh^T [H, n] = W^T [H, V] x dy^T [V, n]
+            cublasGemmEx(hb, CUBLAS_OP_N, CUBLAS_OP_N, (int)H, (int)n, (int)V, &alpha, w, CUDA_R_16BF, (int)H, p.dy,
+                         CUDA_R_16BF, (int)V, &beta, dh, CUDA_R_16BF, (int)H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        };
+        for (int i = 0; i < 3; ++i) once();
+        std::vector<float> ts;
+        cudaEvent_t a, b;
+        CK(cudaEventCreate(&a));
+        CK(cudaEventCreate(&b));
+        for (int i = 0; i < reps; ++i) {
+          CK(cudaEventRecord(a));
+          once();
+          CK(cudaEventRecord(b));
+          CK(cudaEventSynchronize(b));
+          float ms;
+          CK(cudaEventElapsedTime(&ms, a, b));
+          ts.push_back(ms);
+        }
+        std::sort(ts.begin(), ts.end());
+        const float ms = ts[ts.size() / 2];
+        char line[256];
+        std::snprintf(line, sizeof line, "| %5lld | %-6s | cuBLAS | %8.3f | %6.0f |", (long long)n, g ? "dh" : "logits", ms,
+                      fl / ms / 1e9);
+        table.push_back(line);
+        std::puts(line);
+      }
+      CK(cudaFree(w));
+      CK(cudaFree(lg));
+      CK(cudaFree(dh));
+    }
+    for (bool acc : {true, false}) {
+      // correctness: ws v0 against the f64 reference on sampled elements
+      CK(cudaMemcpy(dw, init, tot * 4, cudaMemcpyDeviceToDevice));
+      run(ctx, 1, p, dw, false, acc, nullptr);
+      const int blocks = 512;
+      double* res;
+      unsigned long long* nans;
+      CK(cudaMalloc(&res, blocks * 16));
+      CK(cudaMalloc(&nans, 8));
+      CK(cudaMemset(nans, 0, 8));
+      ref_check<<<blocks, 256>>>(p.x, p.dy, p.doff, H, V, tot, 9973, dw, init, 1, acc ? 1 : 0, res, nans);
+      CK(cudaDeviceSynchronize());
+      std::vector<double> hr(2 * blocks);
+      unsigned long long hn = 0;
+      CK(cudaMemcpy(hr.data(), res, blocks * 16, cudaMemcpyDeviceToHost));
+      CK(cudaMemcpy(&hn, nans, 8, cudaMemcpyDeviceToHost));
+      CK(cudaFree(res));
+      CK(cudaFree(nans));
+      double md = 0, mr = 0;
+      for (int b = 0; b < blocks; ++b) { md = std::max(md, hr[2 * b]); mr = std::max(mr, hr[2 * b + 1]); }
+      const bool good = md / mr <= 1e-5 && hn == 0;
+      std::printf("lm_head n %lld %s ws v0: max rel err %.2e NaN %llu %s\n", (long long)n, acc ? "+=" : "=", md / mr, hn,
+                  good ? "PASS" : "FAIL");
+      if (!good) ++g_fail;
+      for (int impl : {1, 2, 9}) {
+        auto once = [&] { if (impl == 9) cublas(acc); else run(ctx, impl, p, dw, false, acc, nullptr, false); };
+        for (int i = 0; i < 3; ++i) once();
+        std::vector<float> ts;
+        cudaEvent_t a, b;
+        CK(cudaEventCreate(&a));
+        CK(cudaEventCreate(&b));
+        for (int i = 0; i < reps; ++i) {
+          CK(cudaEventRecord(a));
+          once();
+          CK(cudaEventRecord(b));
+          CK(cudaEventSynchronize(b));
+          float ms;
+          CK(cudaEventElapsedTime(&ms, a, b));
+          ts.push_back(ms);
+        }
+        std::sort(ts.begin(), ts.end());
+        const float ms = ts[ts.size() / 2];
+        char line[256];
+        std::snprintf(line, sizeof line, "| %5lld | f32 %-2s | %-6s | %8.3f | %6.0f |", (long long)n, acc ? "+=" : "=",
+                      impl == 9 ? "cuBLAS" : impl_name(impl), ms, fl / ms / 1e9);
+        table.push_back(line);
+        std::puts(line);
+      }
+    }
+    CK(cudaFree(dw));
+    CK(cudaFree(init));
+    release(p);
+  }
+  // cublasLt: time the heuristic's top algorithms for the f32 dw (+)= GEMM at n = 820.
+  {
+    const int64_t n = 820;
+    Prob p = make("lm_head", {n}, n, H, V);
+    float* dw;
+    CK(cudaMalloc(&dw, V * H * 4 + 16));
+    cublasLtHandle_t lt;
+    cublasLtCreate(&lt);
+    void* ws;
+    const size_t wsz = 64ull << 20;
+    CK(cudaMalloc(&ws, wsz));
+    for (int acc = 1; acc >= 0; --acc) {
+      cublasLtMatmulDesc_t op;
+      cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+      cublasOperation_t tn = CUBLAS_OP_N, tt = CUBLAS_OP_T;
+      cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &tn, sizeof tn);
+      cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tt, sizeof tt);
+      cublasLtMatrixLayout_t la, lb, lc;
+      cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, H, n, H);
+      cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, V, n, V);
+      cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, H, V, H);
+      cublasLtMatmulPreference_t pref;
+      cublasLtMatmulPreferenceCreate(&pref);
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsz, sizeof wsz);
+      cublasLtMatmulHeuristicResult_t res[32];
+      int got = 0;
+      cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 32, res, &got);
+      const float alpha = 1.0f, beta = acc ? 1.0f : 0.0f;
+      for (int i = 0; i < got; ++i) {
+        auto once = [&] {
+          cublasLtMatmul(lt, op, &alpha, p.x, la, p.dy, lb, &beta, dw, lc, dw, lc, &res[i].algo, ws, wsz, 0);
+        };
+        for (int r = 0; r < 3; ++r) once();
+        if (cudaDeviceSynchronize() != cudaSuccess) { std::printf("algo %d failed\n", i); continue; }
+        std::vector<float> ts;
+        cudaEvent_t a, b;
+        CK(cudaEventCreate(&a));
+        CK(cudaEventCreate(&b));
+        for (int r = 0; r < reps; ++r) {
+          CK(cudaEventRecord(a));
+          once();
+          CK(cudaEventRecord(b));
+          CK(cudaEventSynchronize(b));
+          float ms;
+          CK(cudaEventElapsedTime(&ms, a, b));
+          ts.push_back(ms);
+        }
+        std::sort(ts.begin(), ts.end());
+        int tile = -1, stages = -1, splitk = -1, swz = -1, cid = -1;
+        size_t sz;
+        cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_ID, &cid, sizeof cid, &sz);
+        cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &sz);
+        cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &sz);
+        cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof splitk, &sz);
+        cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swz, sizeof swz, &sz);
+        std::printf("lt n 820 %s algo %2d (id %d tile %d stages %d splitk %d swizzle %d ws %zu): %.3f ms\n",
+                    acc ? "+=" : "= ", i, cid, tile, stages, splitk, swz, res[i].workspaceSize, ts[ts.size() / 2]);
+      }
+      cublasLtMatmulPreferenceDestroy(pref);
+      cublasLtMatrixLayoutDestroy(la);
+      cublasLtMatrixLayoutDestroy(lb);
+      cublasLtMatrixLayoutDestroy(lc);
+      cublasLtMatmulDescDestroy(op);
+    }
+    CK(cudaFree(ws));
+    CK(cudaFree(dw));
+    cublasLtDestroy(lt);
+    release(p);
+  }
+  std::printf("\n| rows | mode | kernel | ms | TFLOP/s |\n|---|---|---|---|---|\n");
+  for (auto& l : table) std::puts(l.c_str());
+  cublasDestroy(hb);
+}
+
 int main(int argc, char** argv) {
   const int reps = argc > 1 ? std::atoi(argv[1]) : 20;
   const std::string part = argc > 2 ? argv[2] : "all";
@@ -225,6 +418,11 @@ int main(int argc, char** argv) {
               mc::gwd::Cfg<256, bf16, 32>::kStages, mc::gwd::Cfg<256, bf16, 64>::kSmem, mc::gwd::Cfg<256, bf16, 64>::kStages,
               mc::gwd::Cfg<128, float, 64>::kSmem, mc::gwd::Cfg<128, float, 64>::kStages,
               mc::gwd::Cfg<128, float, 32>::kSmem, mc::gwd::Cfg<128, float, 32>::kStages);
+  if (part == "lmhead") {
+    lmhead(ctx, reps);
+    std::printf("%s: %d failing check(s)\n", g_fail ? "FAIL" : "PASS", g_fail);
+    return g_fail ? 1 : 0;
+  }
   if (part != "shapes") {
     std::vector<Prob> edges;
     edges.push_back(make("uneven", {0, 1, 1000, 0, 64, 65, 128, 129, 255, 257, 3, 0}, 2300, 264, 200));

@@ -25,7 +25,7 @@ if [ "${PREBUILT:-0}" != 1 ]; then
     nvcc $FLAGS -Xptxas -v -c "$f" -o "$B/$(basename "$f").o" > "$OUT/build_$(basename "$f").log" 2>&1 &
   done
   wait
-  nvcc -gencode=arch=compute_90a,code=sm_90a $B/gemm_ws_dw.cu.o $B/grouped_gemm_wgmma.cu.o -o $B/gemm_ws_dw \
+  nvcc -gencode=arch=compute_90a,code=sm_90a $B/gemm_ws_dw.cu.o $B/grouped_gemm_wgmma.cu.o -lcublasLt -lcublas -o $B/gemm_ws_dw \
     || { cat "$OUT"/build_*.log; exit 1; }
   awk '/Compiling entry/{match($0,/_Z[^'"'"']*/); n=substr($0,RSTART,RLENGTH)} /spill stores/{print n, $0}' \
     "$OUT/build_gemm_ws_dw.cu.log" | grep gmm_ws | c++filt | sed -E 's/\(CUtensorMap_st.*::/ ::/' | cut -c1-200
