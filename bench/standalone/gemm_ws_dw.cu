@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -194,23 +195,30 @@ bool check_mode(Context& ctx, const Prob& p, bool b16, bool acc, int64_t samp) {
   return ok;
 }
 
-float time_ms(Context& ctx, int impl, const Prob& p, void* dw, bool b16, bool acc, double* ss, int reps) {
-  for (int i = 0; i < 3; ++i) run(ctx, impl, p, dw, b16, acc, ss, false);
+// Median of reps CUDA-event timings of f (after 3 warm-up calls).
+float median_ms(const std::function<void()>& f, int reps) {
+  for (int i = 0; i < 3; ++i) f();
   std::vector<float> ts;
   cudaEvent_t a, b;
   CK(cudaEventCreate(&a));
   CK(cudaEventCreate(&b));
   for (int i = 0; i < reps; ++i) {
     CK(cudaEventRecord(a));
-    run(ctx, impl, p, dw, b16, acc, ss, false);
+    f();
     CK(cudaEventRecord(b));
     CK(cudaEventSynchronize(b));
     float ms;
     CK(cudaEventElapsedTime(&ms, a, b));
     ts.push_back(ms);
   }
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
   std::sort(ts.begin(), ts.end());
   return ts[ts.size() / 2];
+}
+
+float time_ms(Context& ctx, int impl, const Prob& p, void* dw, bool b16, bool acc, double* ss, int reps) {
+  return median_ms([&] { run(ctx, impl, p, dw, b16, acc, ss, false); }, reps);
 }
 
 // The loss head's lm_head gradient: dw [V, H] (+)= dlogits^T [V, n] h [n, H] for one row chunk of n
@@ -251,22 +259,7 @@ void lmhead(Context& ctx, int reps) {
             cublasGemmEx(hb, CUBLAS_OP_N, CUBLAS_OP_N, (int)H, (int)n, (int)V, &alpha, w, CUDA_R_16BF, (int)H, p.dy,
                          CUDA_R_16BF, (int)V, &beta, dh, CUDA_R_16BF, (int)H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
         };
-        for (int i = 0; i < 3; ++i) once();
-        std::vector<float> ts;
-        cudaEvent_t a, b;
-        CK(cudaEventCreate(&a));
-        CK(cudaEventCreate(&b));
-        for (int i = 0; i < reps; ++i) {
-          CK(cudaEventRecord(a));
-          once();
-          CK(cudaEventRecord(b));
-          CK(cudaEventSynchronize(b));
-          float ms;
-          CK(cudaEventElapsedTime(&ms, a, b));
-          ts.push_back(ms);
-        }
-        std::sort(ts.begin(), ts.end());
-        const float ms = ts[ts.size() / 2];
+        const float ms = median_ms(once, reps);
         char line[256];
         std::snprintf(line, sizeof line, "| %5lld | %-6s | cuBLAS | %8.3f | %6.0f |", (long long)n, g ? "dh" : "logits", ms,
                       fl / ms / 1e9);
@@ -303,22 +296,7 @@ void lmhead(Context& ctx, int reps) {
       if (!good) ++g_fail;
       for (int impl : {1, 2, 9}) {
         auto once = [&] { if (impl == 9) cublas(acc); else run(ctx, impl, p, dw, false, acc, nullptr, false); };
-        for (int i = 0; i < 3; ++i) once();
-        std::vector<float> ts;
-        cudaEvent_t a, b;
-        CK(cudaEventCreate(&a));
-        CK(cudaEventCreate(&b));
-        for (int i = 0; i < reps; ++i) {
-          CK(cudaEventRecord(a));
-          once();
-          CK(cudaEventRecord(b));
-          CK(cudaEventSynchronize(b));
-          float ms;
-          CK(cudaEventElapsedTime(&ms, a, b));
-          ts.push_back(ms);
-        }
-        std::sort(ts.begin(), ts.end());
-        const float ms = ts[ts.size() / 2];
+        const float ms = median_ms(once, reps);
         char line[256];
         std::snprintf(line, sizeof line, "| %5lld | f32 %-2s | %-6s | %8.3f | %6.0f |", (long long)n, acc ? "+=" : "=",
                       impl == 9 ? "cuBLAS" : impl_name(impl), ms, fl / ms / 1e9);
@@ -362,22 +340,9 @@ void lmhead(Context& ctx, int reps) {
         auto once = [&] {
           cublasLtMatmul(lt, op, &alpha, p.x, la, p.dy, lb, &beta, dw, lc, dw, lc, &res[i].algo, ws, wsz, 0);
         };
-        for (int r = 0; r < 3; ++r) once();
+        once();
         if (cudaDeviceSynchronize() != cudaSuccess) { std::printf("algo %d failed\n", i); continue; }
-        std::vector<float> ts;
-        cudaEvent_t a, b;
-        CK(cudaEventCreate(&a));
-        CK(cudaEventCreate(&b));
-        for (int r = 0; r < reps; ++r) {
-          CK(cudaEventRecord(a));
-          once();
-          CK(cudaEventRecord(b));
-          CK(cudaEventSynchronize(b));
-          float ms;
-          CK(cudaEventElapsedTime(&ms, a, b));
-          ts.push_back(ms);
-        }
-        std::sort(ts.begin(), ts.end());
+        const float ms = median_ms(once, reps);
         int tile = -1, stages = -1, splitk = -1, swz = -1, cid = -1;
         size_t sz;
         cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_ID, &cid, sizeof cid, &sz);
@@ -386,7 +351,7 @@ void lmhead(Context& ctx, int reps) {
         cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof splitk, &sz);
         cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swz, sizeof swz, &sz);
         std::printf("lt n 820 %s algo %2d (id %d tile %d stages %d splitk %d swizzle %d ws %zu): %.3f ms\n",
-                    acc ? "+=" : "= ", i, cid, tile, stages, splitk, swz, res[i].workspaceSize, ts[ts.size() / 2]);
+                    acc ? "+=" : "= ", i, cid, tile, stages, splitk, swz, res[i].workspaceSize, ms);
       }
       cublasLtMatmulPreferenceDestroy(pref);
       cublasLtMatrixLayoutDestroy(la);
