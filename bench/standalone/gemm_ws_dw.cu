@@ -89,6 +89,34 @@ __global__ void ref_check(const bf16* x, const bf16* dy, const int32_t* off, int
 }
 
 
+// ref_check over 512 blocks, reduced on the host: max |out - ref|, max |ref|, NaN count.
+struct RefErr {
+  double md, mr;
+  unsigned long long nans;
+};
+RefErr ref_error(const Prob& p, int64_t K, int64_t M, int64_t tot, int64_t samp, const void* out, const void* old,
+                 bool f32, bool acc) {
+  const int blocks = 512;
+  double* res;
+  unsigned long long* nans;
+  CK(cudaMalloc(&res, blocks * 16));
+  CK(cudaMalloc(&nans, 8));
+  CK(cudaMemset(nans, 0, 8));
+  ref_check<<<blocks, 256>>>(p.x, p.dy, p.doff, K, M, tot, samp, out, old, f32 ? 1 : 0, acc ? 1 : 0, res, nans);
+  CK(cudaDeviceSynchronize());
+  std::vector<double> hr(2 * blocks);
+  RefErr r{0.0, 0.0, 0};
+  CK(cudaMemcpy(hr.data(), res, blocks * 16, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(&r.nans, nans, 8, cudaMemcpyDeviceToHost));
+  CK(cudaFree(res));
+  CK(cudaFree(nans));
+  for (int b = 0; b < blocks; ++b) {
+    r.md = std::max(r.md, hr[2 * b]);
+    r.mr = std::max(r.mr, hr[2 * b + 1]);
+  }
+  return r;
+}
+
 // impl 0: wgmma (cp.async); 1: ws default; 2: ws other BK; 3: the old ws kernel (MT_DW_OLD), default.
 const char* impl_name(int impl) { return impl == 0 ? "wgmma" : impl == 1 ? "ws v0" : impl == 2 ? "ws v1" : "ws old v0"; }
 // add: sum the ws kernels' per-tile partials into *ss (the stub's one-thread sum; timings leave it out).
@@ -161,22 +189,9 @@ bool check_mode(Context& ctx, const Prob& p, bool b16, bool acc, int64_t samp) {
       else for (size_t k = 0; k < n; ++k) nempty_bad += h1[b0 + k] != 0;
     }
     // float64 reference
-    const int blocks = 512;
-    double* res;
-    unsigned long long* nans;
-    CK(cudaMalloc(&res, blocks * 16));
-    CK(cudaMalloc(&nans, 8));
-    CK(cudaMemset(nans, 0, 8));
-    ref_check<<<blocks, 256>>>(p.x, p.dy, p.doff, p.K, p.M, tot, samp, outs[i], init, b16 ? 0 : 1, acc ? 1 : 0, res, nans);
-    CK(cudaDeviceSynchronize());
-    std::vector<double> hr(2 * blocks);
-    unsigned long long hn = 0;
-    CK(cudaMemcpy(hr.data(), res, blocks * 16, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(&hn, nans, 8, cudaMemcpyDeviceToHost));
-    CK(cudaFree(res));
-    CK(cudaFree(nans));
-    double md = 0, mr = 0;
-    for (int b = 0; b < blocks; ++b) { md = std::max(md, hr[2 * b]); mr = std::max(mr, hr[2 * b + 1]); }
+    const RefErr r = ref_error(p, p.K, p.M, tot, samp, outs[i], init, !b16, acc);
+    const double md = r.md, mr = r.mr;
+    const unsigned long long hn = r.nans;
     const double rel = mr > 0 ? md / mr : md, tol = b16 ? 8e-3 : 1e-5;
     const double ssrel = std::fabs(hs[i] - hss) / std::max(hss, 1e-300);
     const bool good = rel <= tol && hn == 0 && nempty_bad == 0 && ssrel < 1e-9 && (i == 0 || (ndiff == 0 && hs[i] == hs[0]));
@@ -274,22 +289,9 @@ void lmhead(Context& ctx, int reps) {
       // correctness: ws v0 against the f64 reference on sampled elements
       CK(cudaMemcpy(dw, init, tot * 4, cudaMemcpyDeviceToDevice));
       run(ctx, 1, p, dw, false, acc, nullptr);
-      const int blocks = 512;
-      double* res;
-      unsigned long long* nans;
-      CK(cudaMalloc(&res, blocks * 16));
-      CK(cudaMalloc(&nans, 8));
-      CK(cudaMemset(nans, 0, 8));
-      ref_check<<<blocks, 256>>>(p.x, p.dy, p.doff, H, V, tot, 9973, dw, init, 1, acc ? 1 : 0, res, nans);
-      CK(cudaDeviceSynchronize());
-      std::vector<double> hr(2 * blocks);
-      unsigned long long hn = 0;
-      CK(cudaMemcpy(hr.data(), res, blocks * 16, cudaMemcpyDeviceToHost));
-      CK(cudaMemcpy(&hn, nans, 8, cudaMemcpyDeviceToHost));
-      CK(cudaFree(res));
-      CK(cudaFree(nans));
-      double md = 0, mr = 0;
-      for (int b = 0; b < blocks; ++b) { md = std::max(md, hr[2 * b]); mr = std::max(mr, hr[2 * b + 1]); }
+      const RefErr r = ref_error(p, H, V, tot, 9973, dw, init, true, acc);
+      const double md = r.md, mr = r.mr;
+      const unsigned long long hn = r.nans;
       const bool good = md / mr <= 1e-5 && hn == 0;
       std::printf("lm_head n %lld %s ws v0: max rel err %.2e NaN %llu %s\n", (long long)n, acc ? "+=" : "=", md / mr, hn,
                   good ? "PASS" : "FAIL");
