@@ -37,6 +37,15 @@ using moetrain::Context;
 using bf16 = __nv_bfloat16;
 namespace mc = moetrain::cuda;
 #define CK(x) MT_CUDA_CHECK(x)
+// cuBLAS / cublasLt calls of the lmhead mode: a failed call stops the harness instead of being timed.
+#define CB(x)                                                                       \
+  do {                                                                              \
+    const cublasStatus_t st_ = (x);                                                 \
+    if (st_ != CUBLAS_STATUS_SUCCESS) {                                             \
+      std::fprintf(stderr, "%s:%d: %s failed with status %d\n", __FILE__, __LINE__, #x, (int)st_); \
+      std::exit(1);                                                                 \
+    }                                                                               \
+  } while (0)
 
 static int g_fail = 0;
 
@@ -255,8 +264,8 @@ void lmhead(Context& ctx, int reps) {
     auto cublas = [&](bool acc) {
       const float alpha = 1.0f, beta = acc ? 1.0f : 0.0f;
       // row-major dw [V, H] = dy^T x: column-major dw^T [H, V] = x^T [H, n] (dy [n, V] col-major [V, n])^T
-      cublasGemmEx(hb, CUBLAS_OP_N, CUBLAS_OP_T, (int)H, (int)V, (int)n, &alpha, p.x, CUDA_R_16BF, (int)H, p.dy,
-                   CUDA_R_16BF, (int)V, &beta, dw, CUDA_R_32F, (int)H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+      CB(cublasGemmEx(hb, CUBLAS_OP_N, CUBLAS_OP_T, (int)H, (int)V, (int)n, &alpha, p.x, CUDA_R_16BF, (int)H, p.dy,
+                      CUDA_R_16BF, (int)V, &beta, dw, CUDA_R_32F, (int)H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     };
     {  // the chunk's other two GEMMs (cuBLAS, bf16 out): logits = h W^T [n, V], dh = dlogits W [n, H]
       bf16 *w, *lg, *dh;
@@ -268,11 +277,11 @@ void lmhead(Context& ctx, int reps) {
       for (int g = 0; g < 2; ++g) {
         auto once = [&] {
           if (g == 0)  // col-major lg^T [V, n] = W [V, H] (col-major [H, V])^T x h^T [H, n]
-            cublasGemmEx(hb, CUBLAS_OP_T, CUBLAS_OP_N, (int)V, (int)n, (int)H, &alpha, w, CUDA_R_16BF, (int)H, p.x,
-                         CUDA_R_16BF, (int)H, &beta, lg, CUDA_R_16BF, (int)V, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+            CB(cublasGemmEx(hb, CUBLAS_OP_T, CUBLAS_OP_N, (int)V, (int)n, (int)H, &alpha, w, CUDA_R_16BF, (int)H, p.x,
+                            CUDA_R_16BF, (int)H, &beta, lg, CUDA_R_16BF, (int)V, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
           else  // col-major dh^T [H, n] = W^T [H, V] x dy^T [V, n]
-            cublasGemmEx(hb, CUBLAS_OP_N, CUBLAS_OP_N, (int)H, (int)n, (int)V, &alpha, w, CUDA_R_16BF, (int)H, p.dy,
-                         CUDA_R_16BF, (int)V, &beta, dh, CUDA_R_16BF, (int)H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+            CB(cublasGemmEx(hb, CUBLAS_OP_N, CUBLAS_OP_N, (int)H, (int)n, (int)V, &alpha, w, CUDA_R_16BF, (int)H, p.dy,
+                            CUDA_R_16BF, (int)V, &beta, dh, CUDA_R_16BF, (int)H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         };
         const float ms = median_ms(once, reps);
         char line[256];
@@ -286,16 +295,17 @@ void lmhead(Context& ctx, int reps) {
       CK(cudaFree(dh));
     }
     for (bool acc : {true, false}) {
-      // correctness: ws v0 against the f64 reference on sampled elements
-      CK(cudaMemcpy(dw, init, tot * 4, cudaMemcpyDeviceToDevice));
-      run(ctx, 1, p, dw, false, acc, nullptr);
-      const RefErr r = ref_error(p, H, V, tot, 9973, dw, init, true, acc);
-      const double md = r.md, mr = r.mr;
-      const unsigned long long hn = r.nans;
-      const bool good = md / mr <= 1e-5 && hn == 0;
-      std::printf("lm_head n %lld %s ws v0: max rel err %.2e NaN %llu %s\n", (long long)n, acc ? "+=" : "=", md / mr, hn,
-                  good ? "PASS" : "FAIL");
-      if (!good) ++g_fail;
+      // correctness: ws v0 and cuBLAS against the f64 reference on sampled elements
+      for (int impl : {1, 9}) {
+        CK(cudaMemcpy(dw, init, tot * 4, cudaMemcpyDeviceToDevice));
+        if (impl == 9) cublas(acc);
+        else run(ctx, impl, p, dw, false, acc, nullptr);
+        const RefErr r = ref_error(p, H, V, tot, 9973, dw, init, true, acc);
+        const bool good = r.mr > 0 && r.md / r.mr <= 1e-5 && r.nans == 0;
+        std::printf("lm_head n %lld %s %s: max rel err %.2e NaN %llu %s\n", (long long)n, acc ? "+=" : "=",
+                    impl == 9 ? "cuBLAS" : impl_name(impl), r.md / r.mr, r.nans, good ? "PASS" : "FAIL");
+        if (!good) ++g_fail;
+      }
       for (int impl : {1, 2, 9}) {
         auto once = [&] { if (impl == 9) cublas(acc); else run(ctx, impl, p, dw, false, acc, nullptr, false); };
         const float ms = median_ms(once, reps);
@@ -317,7 +327,7 @@ void lmhead(Context& ctx, int reps) {
     float* dw;
     CK(cudaMalloc(&dw, V * H * 4 + 16));
     cublasLtHandle_t lt;
-    cublasLtCreate(&lt);
+    CB(cublasLtCreate(&lt));
     void* ws;
     const size_t wsz = 64ull << 20;
     CK(cudaMalloc(&ws, wsz));
@@ -336,14 +346,18 @@ void lmhead(Context& ctx, int reps) {
       cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsz, sizeof wsz);
       cublasLtMatmulHeuristicResult_t res[32];
       int got = 0;
-      cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 32, res, &got);
+      CB(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 32, res, &got));
       const float alpha = 1.0f, beta = acc ? 1.0f : 0.0f;
       for (int i = 0; i < got; ++i) {
         auto once = [&] {
           cublasLtMatmul(lt, op, &alpha, p.x, la, p.dy, lb, &beta, dw, lc, dw, lc, &res[i].algo, ws, wsz, 0);
         };
-        once();
-        if (cudaDeviceSynchronize() != cudaSuccess) { std::printf("algo %d failed\n", i); continue; }
+        if (cublasLtMatmul(lt, op, &alpha, p.x, la, p.dy, lb, &beta, dw, lc, dw, lc, &res[i].algo, ws, wsz, 0) !=
+                CUBLAS_STATUS_SUCCESS ||
+            cudaDeviceSynchronize() != cudaSuccess) {
+          std::printf("algo %d failed\n", i);
+          continue;
+        }
         const float ms = median_ms(once, reps);
         int tile = -1, stages = -1, splitk = -1, swz = -1, cid = -1;
         size_t sz;
