@@ -137,6 +137,18 @@ Problem routed(int64_t T, int topk, int E, int64_t K, int64_t M, uint32_t seed) 
   return from_counts(counts, T * topk, K, M);
 }
 
+// The proxy model's deeper layers (untrained router, as logging.log_expert_load reports them): 4
+// experts take 4096 rows each, 64 take 256, 60 are idle; ranks shuffled as in gemm_ws_dw_adamw's skew.
+Problem skewed(int64_t K, int64_t M) {
+  std::vector<int> rank(128);
+  for (int e = 0; e < 128; ++e) rank[e] = e;
+  std::mt19937 rng(5);
+  std::shuffle(rank.begin(), rank.end(), rng);
+  std::vector<int64_t> counts(128);
+  for (int e = 0; e < 128; ++e) counts[e] = rank[e] < 4 ? 4096 : rank[e] < 68 ? 256 : 0;
+  return from_counts(counts, 32768, K, M);
+}
+
 // impl 0: wgmma (cp.async, the current kernel); 1..4: ws variants (see grouped_gemm_ws.cuh).
 const char* impl_name(int im) {
   static const char* n[] = {"wgmma", "ws-coop", "ws-coop-c2", "ws-ping", "ws-ping-c2", "ws-coop-rowmaj"};
@@ -277,10 +289,14 @@ int main(int argc, char** argv) {
   std::vector<std::string> table;
 
   if (part == "prof") {  // one gate_up fwd and dx of each kernel, for ncu
-    Problem p = routed(4096, 8, 128, 2048, 1536, 42);
-    p.alloc(7);
-    for (bool dx : {false, true})
-      for (int im : {0, 1, 2, 3}) run(ctx, im, dx, p);
+    for (bool skew : {false, true}) {
+      Problem p = skew ? skewed(2048, 1536) : routed(4096, 8, 128, 2048, 1536, 42);
+      p.alloc(7);
+      for (bool dx : {false, true})
+        for (int im : {0, 1, 2, 3}) run(ctx, im, dx, p);
+      CK(cudaDeviceSynchronize());
+      p.release();
+    }
     CK(cudaDeviceSynchronize());
     return 0;
   }
@@ -315,10 +331,11 @@ int main(int argc, char** argv) {
     const char* name;
     int64_t K, M;
   };
-  const Shape shapes[] = {{"gate_up 2048->1536", 2048, 1536}, {"down 768->2048", 768, 2048}};
+  const Shape shapes[] = {{"gate_up 2048->1536", 2048, 1536}, {"down 768->2048", 768, 2048},
+                          {"gate_up skew", 2048, 1536}, {"down skew", 768, 2048}};
   for (const Shape& s : shapes) {
     if (part == "edges") break;
-    Problem p = routed(4096, 8, 128, s.K, s.M, 42);
+    Problem p = std::strstr(s.name, "skew") ? skewed(s.K, s.M) : routed(4096, 8, 128, s.K, s.M, 42);
     p.alloc(seed += 10);
     int mn = 1 << 30, mx = 0;
     for (int e = 0; e < p.E; ++e) {

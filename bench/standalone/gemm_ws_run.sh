@@ -28,7 +28,7 @@ echo "SASS ws: HGMMA $(grep -c HGMMA $B/sass.txt), UTMALDG $(grep -c UTMALDG $B/
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 PYTHONUNBUFFERED=1 timeout 120 python3 bench/standalone/gemm_torch.py "$REPS" > "$OUT/torch.log" 2>&1
 echo "torch rc $?"
-timeout 150 $B/gemm_ws "$REPS" shapes > "$OUT/shapes.log" 2>&1
+timeout 280 $B/gemm_ws "$REPS" shapes > "$OUT/shapes.log" 2>&1
 echo "shapes rc $?"
 timeout 40 $B/gemm_ws "$REPS" edges > "$OUT/edges.log" 2>&1
 echo "edges rc $?"
