@@ -50,7 +50,6 @@ struct Params {
   int E, nmt, ncol;
   int64_t ci, cj;  // M, K
   int accumulate;
-  int skip_mma;  // benchmark knobs: bit 0 consume the k-slabs without their wgmma, bit 1 no operand loads
 };
 
 struct Tile {
@@ -118,18 +117,9 @@ __device__ __forceinline__ void produce(const CUtensorMap* map_a, const CUtensor
     for (int b = 0; b < BN / 64; ++b) nb += x.j0 * BN + 64 * b < p.cj;
     const uint32_t bytes = static_cast<uint32_t>((na + nb) * C::kBlock);
     for (int k = 0; k < x.ksteps; ++k) {
-      if (p.skip_mma & 4) wg::mbar_wait(empty0 + 8 * stage, phase ^ 1u);  // benchmark knob: spin
-      else wg::mbar_wait_idle(empty0 + 8 * stage, phase ^ 1u);  // sleeps while the consumers walk
+      wg::mbar_wait_idle(empty0 + 8 * stage, phase ^ 1u);  // sleeps while the consumers walk
       const uint32_t full = full0 + 8 * stage, sa = base + stage * C::kStageBytes;
       const int r = static_cast<int>(x.lo) + k * BK;
-      if (p.skip_mma & 2) {  // benchmark knob: no operand loads
-        wg::mbar_arrive(full);
-        if (++stage == C::kStages) {
-          stage = 0;
-          phase ^= 1u;
-        }
-        continue;
-      }
       wg::mbar_arrive_tx(full, bytes);
       for (int b = 0; b < na; ++b) tma_2d(sa + b * C::kBlock, map_a, static_cast<int>(x.i0) + 64 * b, r, full);
       for (int b = 0; b < nb; ++b)
@@ -149,20 +139,9 @@ __device__ __forceinline__ void produce(const CUtensorMap* map_a, const CUtensor
 template <class C, int BN, int BK>
 __device__ __forceinline__ void mainloop(float (&acc)[BN / 2], const Tile& x, uint32_t base, uint32_t full0,
                                          uint32_t empty0, int& stage, uint32_t& phase, int ctid, int cw,
-                                         int lane, int skip_mma) {
+                                         int lane) {
   constexpr int kNB = 2 + BN / 64;
   int prev = -1;
-  if (skip_mma) {  // benchmark knob
-    for (int k = 0; k < x.ksteps; ++k) {
-      wg::mbar_wait(full0 + 8 * stage, phase);
-      arrive_lane0(empty0 + 8 * stage, lane);
-      if (++stage == C::kStages) {
-        stage = 0;
-        phase ^= 1u;
-      }
-    }
-    return;
-  }
   for (int k = 0; k < x.ksteps; ++k) {
     wg::mbar_wait(full0 + 8 * stage, phase);
     const uint32_t sa = base + stage * C::kStageBytes, sb = sa + C::kABytes;
@@ -473,7 +452,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;  // dead between tiles (the first wgmma ignores them)
     if constexpr (Epi::kWalk && Epi::kEarly) epi.template fetch<BN>(p, x, ctid, pend);
-    mainloop<C, BN, BK>(acc, x, base, full0, empty0, stage, phase, ctid, cw, lane, p.skip_mma);
+    mainloop<C, BN, BK>(acc, x, base, full0, empty0, stage, phase, ctid, cw, lane);
     if constexpr (Epi::kWalk && !Epi::kEarly) epi.template fetch<BN>(p, x, ctid, pend);
     if (solo) {
       consumers_sync();  // every consumer has walked the previous staged tile

@@ -49,7 +49,6 @@ struct AdamWParams {
   adamw_math::Consts k;
   uint64_t key, counter;
   int sr;
-  int skip_walk;  // benchmark knob: no walk (nothing is updated)
 };
 
 namespace dwa {
@@ -190,13 +189,11 @@ struct AdamWEpilogue {
   AdamWParams a;
   template <int BN>
   __device__ void fetch(const Params& p, const Tile& x, int ctid, Pending& q) const {
-    if (a.skip_walk) return;
     fetch_batch<BN, W, MT, VT, U>(a, walk_geom<BN>(p, x), ctid, q);
   }
   template <int BN, typename GT, int kPitch>
   __device__ void walk(const Params& p, const Tile& x, const unsigned char* tile, int ctid, Pending& q) const {
     const WalkGeom g = walk_geom<BN>(p, x);
-    if (a.skip_walk) return;
 #pragma unroll 1
     for (int b = ctid; b < g.nvec; b += 256 * U) {
       Pending next;
@@ -213,7 +210,6 @@ struct AdamWEpilogue {
     using GS = GStore<GT>;
     constexpr int kVR = BN / 8;
     const WalkGeom g = walk_geom<BN>(p, x);
-    if (a.skip_walk) return;
     const GS* prior = p.accumulate ? static_cast<const GS*>(p.c) : nullptr;
     auto in = [&](int idx) { return idx < g.nvec && idx % kVR < g.nvr; };
     auto at = [&](int idx) { return g.gbase + static_cast<int64_t>(idx / kVR) * g.cj + (idx % kVR) * 8; };
@@ -311,75 +307,11 @@ struct AdamWEpilogue {
   }
 };
 
-// The walk as a ring of D vectors per consumer thread (experiment): one vector's update per step; its
-// slot is reloaded with the vector D steps ahead as soon as it is widened, so D - 1 vectors' w, m, v
-// loads stay in flight while only one vector's math is live (the batch walk keeps U in flight and U
-// in math). Slots are static (the loop is unrolled by D): moving a register whose load is still in
-// flight would wait for it. The first two vectors are fetched before the mainloop, as the batch walk's.
-template <typename W, typename MT, typename VT, int D>
-struct AdamWRingEpilogue : AdamWEpilogue<W, MT, VT, 2, true> {
-  struct Pending {
-    Raw8<W> w[D];
-    Raw8<MT> m[D];
-    Raw8<VT> v[D];
-  };
-  template <int BN>
-  __device__ __forceinline__ void load_slot(const WalkGeom& g, int idx, Raw8<W>& w, Raw8<MT>& m, Raw8<VT>& v) const {
-    constexpr int kVR = BN / 8;
-    const int c = idx % kVR;
-    if (idx < g.nvec && c < g.nvr) {
-      const int64_t gi = g.gbase + static_cast<int64_t>(idx / kVR) * g.cj + c * 8;
-      w = ld8(static_cast<const W*>(this->a.w) + gi);
-      m = ld8(static_cast<const MT*>(this->a.m) + gi);
-      v = ld8(static_cast<const VT*>(this->a.v) + gi);
-    } else {  // assigned either way, so that no slot's old value stays live (across the mainloop)
-      w = Raw8<W>{};
-      m = Raw8<MT>{};
-      v = Raw8<VT>{};
-    }
-  }
-  template <int BN>
-  __device__ void fetch(const Params& p, const Tile& x, int ctid, Pending& q) const {
-    if (this->a.skip_walk) return;
-    const WalkGeom g = walk_geom<BN>(p, x);
-#pragma unroll
-    for (int k = 0; k < 2; ++k) load_slot<BN>(g, ctid + 256 * k, q.w[k], q.m[k], q.v[k]);
-  }
-  template <int BN, typename GT, int kPitch>
-  __device__ void walk(const Params& p, const Tile& x, const unsigned char* tile, int ctid, Pending& q) const {
-    const WalkGeom g = walk_geom<BN>(p, x);
-    if (this->a.skip_walk) return;
-    constexpr int kVR = BN / 8;
-    using GS = GStore<GT>;
-#pragma unroll
-    for (int k = 2; k < D; ++k) load_slot<BN>(g, ctid + 256 * k, q.w[k], q.m[k], q.v[k]);
-#pragma unroll 1
-    for (int b0 = ctid; b0 < g.nvec; b0 += 256 * D) {
-#pragma unroll
-      for (int k = 0; k < D; ++k) {
-        const int b = b0 + 256 * k;
-        if (b >= g.nvec) break;
-        const int c = b % kVR;
-        float gf[8], wf[8], mf[8], vf[8];
-        widen8(q.w[k], wf);
-        widen8(q.m[k], mf);
-        widen8(q.v[k], vf);
-        load_slot<BN>(g, b + 256 * D, q.w[k], q.m[k], q.v[k]);
-        if (c >= g.nvr) continue;
-        widen8(ld8(reinterpret_cast<const GS*>(tile + (b / kVR) * kPitch) + c * 8), gf);
-        apply8<W, MT, VT>(this->a, g.gbase + static_cast<int64_t>(b / kVR) * g.cj + c * 8, gf, wf, mf, vf);
-      }
-    }
-  }
-};
-
 template <int BN, typename GT, int BK, typename W, typename MT, typename VT, int U, bool Early = false>
 void launch(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, int E, int64_t N, int64_t K, int64_t M,
-            const DwAdamWArgs& args, double* partial, int skip = 0) {
-  Params p = dw_params<BN>(off, E, K, M, const_cast<void*>(args.prior), args.prior != nullptr, partial);
-  p.skip_mma = ((skip >> 1) & 1) | ((skip >> 2) & 1) << 1 | ((skip >> 3) & 1) << 2;
+            const DwAdamWArgs& args, double* partial) {
+  const Params p = dw_params<BN>(off, E, K, M, const_cast<void*>(args.prior), args.prior != nullptr, partial);
   AdamWEpilogue<W, MT, VT, U, Early> epi{};
-  epi.a.skip_walk = skip & 1;
   epi.a.w = args.master;
   epi.a.m = args.m;
   epi.a.v = args.v;
@@ -390,21 +322,6 @@ void launch(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, int
   epi.a.sr = args.sr ? 1 : 0;
   // every CTA takes part in the updates of experts without rows, so the grid is never cut to the tiles
   launch_dw_kernel<BN, GT, BK>(ctx, x, dy, N, K, M, p, epi, dw_sm_count(ctx), "grouped_matmul_backward_adamw");
-}
-template <int D>
-void launch_ring(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, int E, int64_t N, int64_t K,
-                 int64_t M, const DwAdamWArgs& args, double* partial) {
-  Params p = dw_params<256>(off, E, K, M, nullptr, false, partial);
-  AdamWRingEpilogue<uint16_t, uint16_t, uint16_t, D> epi{};
-  epi.a.w = args.master;
-  epi.a.m = args.m;
-  epi.a.v = args.v;
-  epi.a.comp = static_cast<uint16_t*>(args.compute);
-  epi.a.k = args.k;
-  epi.a.key = args.key;
-  epi.a.counter = args.counter;
-  epi.a.sr = args.sr ? 1 : 0;
-  launch_dw_kernel<256, bf16, 64>(ctx, x, dy, N, K, M, p, epi, dw_sm_count(ctx), "grouped_matmul_backward_adamw");
 }
 
 inline bool aligned16(const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15u) == 0; }
@@ -436,17 +353,9 @@ inline bool dw_adamw_supported(const Context& ctx, int E, int64_t N, int64_t K, 
 inline bool dispatch_dw_adamw(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, int E, int64_t N,
                               int64_t K, int64_t M, const DwAdamWArgs& a, double* partial, int variant = 0) {
   if (!dw_adamw_supported(ctx, E, N, K, M, a)) return false;
-  const int alt = (variant >> 2) & 1, early = !((variant >> 3) & 1),
-            skip = ((variant >> 5) & 3) | ((variant >> 9) & 3) << 2;  // 512: no operand loads (with 64), 1024: producer spins
+  const int alt = (variant >> 2) & 1, early = !((variant >> 3) & 1);
   using u16 = uint16_t;
-  const int ring = (variant >> 7) & 3;  // experiment: the ring walk, 1: D = 3, 2: D = 4, 3: D = 6
-  if (ring && a.grad_bf16 && a.master_bf16 && !a.prior) {
-    if (ring == 1) dwa::launch_ring<3>(ctx, x, dy, off, E, N, K, M, a, partial);
-    else if (ring == 2) dwa::launch_ring<4>(ctx, x, dy, off, E, N, K, M, a, partial);
-    else dwa::launch_ring<6>(ctx, x, dy, off, E, N, K, M, a, partial);
-  } else if (skip && a.grad_bf16 && a.master_bf16) {  // benchmark knobs 32 (no walk), 64 (no wgmma), 96 (neither)
-    dwa::launch<256, bf16, 64, u16, u16, u16, 2, true>(ctx, x, dy, off, E, N, K, M, a, partial, skip);
-  } else if (a.grad_bf16 && a.master_bf16) {
+  if (a.grad_bf16 && a.master_bf16) {
     if (alt && early) dwa::launch<256, bf16, 64, u16, u16, u16, 4, true>(ctx, x, dy, off, E, N, K, M, a, partial);
     else if (alt) dwa::launch<256, bf16, 64, u16, u16, u16, 4>(ctx, x, dy, off, E, N, K, M, a, partial);
     else if (early) dwa::launch<256, bf16, 64, u16, u16, u16, 2, true>(ctx, x, dy, off, E, N, K, M, a, partial);
