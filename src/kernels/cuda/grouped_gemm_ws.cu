@@ -293,8 +293,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const Unit x = decode<C::kRows, kCluster>(p, s_off, s_ts, u, rank);
         const uint32_t bytes = stage_bytes(x);
         for (int k = 0; k < p.ksteps; ++k) {
-          // experiment: a spin instead of mbar_wait_idle (a fresh barrier passes parity 1 at once)
-          wg::mbar_wait(empty0 + 8 * stage, phase ^ 1u);
+          wg::mbar_wait_idle(empty0 + 8 * stage, phase ^ 1u);  // a fresh barrier passes parity 1 at once
           const uint32_t full = full0 + 8 * stage, sa = base + stage * C::kStageBytes, sb = sa + C::kABytes;
           wg::mbar_arrive_tx(full, bytes);
           if (x.rb < x.re) tma_load_2d(sa, &map_a, k * kBK, x.rb, full);

@@ -117,7 +117,7 @@ __device__ __forceinline__ void produce(const CUtensorMap* map_a, const CUtensor
     for (int b = 0; b < BN / 64; ++b) nb += x.j0 * BN + 64 * b < p.cj;
     const uint32_t bytes = static_cast<uint32_t>((na + nb) * C::kBlock);
     for (int k = 0; k < x.ksteps; ++k) {
-      wg::mbar_wait(empty0 + 8 * stage, phase ^ 1u);  // experiment: a spin instead of mbar_wait_idle
+      wg::mbar_wait_idle(empty0 + 8 * stage, phase ^ 1u);  // sleeps while the consumers walk
       const uint32_t full = full0 + 8 * stage, sa = base + stage * C::kStageBytes;
       const int r = static_cast<int>(x.lo) + k * BK;
       wg::mbar_arrive_tx(full, bytes);
@@ -406,7 +406,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (uint32_t it = 0; t < total; ++it) {
       const Tile x = decode<BN, BK>(p, s_off, t);
       const int64_t tn = seek(t + stride);
-      wg::mbar_wait(sfull, it & 1u);  // experiment: a spin
+      wg::mbar_wait_idle(sfull, it & 1u);
       if constexpr (Epi::kStore) {
         const uint32_t na = row_bytes<BN, DwT>(p, x, own.a);
         const uint32_t nb = own.has_b ? row_bytes<BN, DwT>(p, x, own.b) : 0u;

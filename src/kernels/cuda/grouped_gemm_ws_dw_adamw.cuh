@@ -307,73 +307,6 @@ struct AdamWEpilogue {
   }
 };
 
-// Experiment: two batches ahead. The first two batches of a tile are fetched before its mainloop (so
-// that DRAM keeps serving the walk while the tensor cores run), and the walk keeps two batches in
-// flight while it updates one (the batch walk above: one in flight, fetched after the mainloop's start).
-template <typename W, typename MT, typename VT>
-struct AdamWDeepEpilogue : AdamWEpilogue<W, MT, VT, 2, true> {
-  using B2 = Batch<W, MT, VT, 2>;
-  struct Pending {
-    B2 a, b;
-  };
-  // fetch_batch, with zeros where a vector is past the tile: every word is written, so no old value
-  // stays live across the mainloop
-  template <int BN>
-  __device__ __forceinline__ void fetch_all(const WalkGeom& g, int first, B2& q) const {
-    constexpr int kVR = BN / 8;
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const int idx = first + 256 * u, c = idx % kVR;
-      if (idx < g.nvec && c < g.nvr) {
-        const int64_t gi = g.gbase + static_cast<int64_t>(idx / kVR) * g.cj + c * 8;
-        q.w[u] = ld8(static_cast<const W*>(this->a.w) + gi);
-        q.m[u] = ld8(static_cast<const MT*>(this->a.m) + gi);
-        q.v[u] = ld8(static_cast<const VT*>(this->a.v) + gi);
-      } else {
-        q.w[u] = Raw8<W>{};
-        q.m[u] = Raw8<MT>{};
-        q.v[u] = Raw8<VT>{};
-      }
-    }
-  }
-  template <int BN>
-  __device__ void fetch(const Params& p, const Tile& x, int ctid, Pending& q) const {
-    const WalkGeom g = walk_geom<BN>(p, x);
-    fetch_all<BN>(g, ctid, q.a);
-    fetch_all<BN>(g, ctid + 512, q.b);
-  }
-  template <int BN, typename GT, int kPitch>
-  __device__ void walk(const Params& p, const Tile& x, const unsigned char* tile, int ctid, Pending& q) const {
-    const WalkGeom g = walk_geom<BN>(p, x);
-#pragma unroll 1
-    for (int b = ctid; b < g.nvec; b += 1024) {  // two batches of 2 x 256 vectors per iteration
-      B2 c, d;
-      fetch_all<BN>(g, b + 1024, c);
-      apply_batch<BN, GT, kPitch, W, MT, VT, 2>(this->a, tile, g, b, q.a);
-      fetch_all<BN>(g, b + 1536, d);
-      if (b + 512 < g.nvec) apply_batch<BN, GT, kPitch, W, MT, VT, 2>(this->a, tile, g, b + 512, q.b);
-      q.a = c;
-      q.b = d;
-    }
-  }
-};
-
-template <typename W, typename MT, typename VT>
-void launch_deep(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, int E, int64_t N, int64_t K,
-                 int64_t M, const DwAdamWArgs& args, double* partial) {
-  const Params p = dw_params<256>(off, E, K, M, nullptr, false, partial);
-  AdamWDeepEpilogue<W, MT, VT> epi{};
-  epi.a.w = args.master;
-  epi.a.m = args.m;
-  epi.a.v = args.v;
-  epi.a.comp = static_cast<uint16_t*>(args.compute);
-  epi.a.k = args.k;
-  epi.a.key = args.key;
-  epi.a.counter = args.counter;
-  epi.a.sr = args.sr ? 1 : 0;
-  launch_dw_kernel<256, bf16, 64>(ctx, x, dy, N, K, M, p, epi, dw_sm_count(ctx), "grouped_matmul_backward_adamw");
-}
-
 template <int BN, typename GT, int BK, typename W, typename MT, typename VT, int U, bool Early = false>
 void launch(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, int E, int64_t N, int64_t K, int64_t M,
             const DwAdamWArgs& args, double* partial) {
@@ -420,14 +353,9 @@ inline bool dw_adamw_supported(const Context& ctx, int E, int64_t N, int64_t K, 
 inline bool dispatch_dw_adamw(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, int E, int64_t N,
                               int64_t K, int64_t M, const DwAdamWArgs& a, double* partial, int variant = 0) {
   if (!dw_adamw_supported(ctx, E, N, K, M, a)) return false;
-  const int alt = (variant >> 2) & 1, early = !((variant >> 3) & 1), deep = (variant >> 4) & 1,
-            slab32 = (variant >> 5) & 1;
+  const int alt = (variant >> 2) & 1, early = !((variant >> 3) & 1);
   using u16 = uint16_t;
-  if (deep && a.grad_bf16 && a.master_bf16 && !a.prior) {  // experiment: two batches ahead
-    dwa::launch_deep<u16, u16, u16>(ctx, x, dy, off, E, N, K, M, a, partial);
-  } else if (slab32 && a.grad_bf16 && a.master_bf16) {  // experiment: 32-row slabs (6 stages instead of 3 x 64)
-    dwa::launch<256, bf16, 32, u16, u16, u16, 2, true>(ctx, x, dy, off, E, N, K, M, a, partial);
-  } else if (a.grad_bf16 && a.master_bf16) {
+  if (a.grad_bf16 && a.master_bf16) {
     if (alt && early) dwa::launch<256, bf16, 64, u16, u16, u16, 4, true>(ctx, x, dy, off, E, N, K, M, a, partial);
     else if (alt) dwa::launch<256, bf16, 64, u16, u16, u16, 4>(ctx, x, dy, off, E, N, K, M, a, partial);
     else if (early) dwa::launch<256, bf16, 64, u16, u16, u16, 2, true>(ctx, x, dy, off, E, N, K, M, a, partial);
