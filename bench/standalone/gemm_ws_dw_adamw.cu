@@ -173,7 +173,6 @@ void run_unfused(Context& ctx, const Prob& p, const Conf& cf, const State& s, vo
 bool check(Context& ctx, const Prob& p, const Conf& cf, bool acc, bool sr, bool with_ss, std::vector<int> variants) {
   const int64_t n = (int64_t)p.E * p.M * p.K, gb = n * (cf.g16 ? 2 : 4);
   const int64_t tiles = gwd::dw_adamw_tiles(p.E, p.K, p.M, cf.g16);
-  const int64_t tiles2 = gwd::dw_adamw_tiles(p.E, p.K, p.M, cf.g16, 16);  // room for the 64-row tiling
   Opt o{am::make_consts(2e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 0.5f), sr, 0x1234abcdull + p.E, 77 + (uint64_t)p.K};
   State s0 = alloc_state(cf, n), sr_ = alloc_state(cf, n), sf = alloc_state(cf, n);
   init_state(cf, n, s0, 100 + p.M);
@@ -181,7 +180,7 @@ bool check(Context& ctx, const Prob& p, const Conf& cf, bool acc, bool sr, bool 
   double *pr, *pf;
   CK(cudaMalloc(&grad, gb));
   CK(cudaMalloc(&pr, tiles * 8 + 8));
-  CK(cudaMalloc(&pf, tiles2 * 8 + 8));
+  CK(cudaMalloc(&pf, tiles * 8 + 8));
   if (acc) {
     CK(cudaMalloc(&prior, gb));
     CK(cudaMalloc(&prior0, gb));
@@ -200,32 +199,14 @@ bool check(Context& ctx, const Prob& p, const Conf& cf, bool acc, bool sr, bool 
   bool ok = true;
   for (int var : variants) {
     copy_state(cf, n, s0, sf);
-    CK(cudaMemset(pf, 0xFF, tiles2 * 8 + 8));
+    CK(cudaMemset(pf, 0xFF, tiles * 8 + 8));
     const gwd::DwAdamWArgs a = args_for(cf, sf, prior, o);
     const bool took = gwd::dispatch_dw_adamw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, a, with_ss ? pf : nullptr, var);
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
-    // variant bit 16 (two CTAs per SM, 64-row tiles) when it applies (all-bf16, no prior): its tile
-    // sums pair up into the 128-row ones, added in another order (relative difference <= 1e-12)
-    const bool two = ((var & 16) || (var & 64)) && cf.g16 && cf.w16 && !acc, perwg = (var & 64) != 0;
-    int64_t dp = 0;
-    if (with_ss && !two) {
-      dp = ndiff(pf, pr, tiles * 8 + 8);
-    } else if (with_ss) {
-      std::vector<double> a2(tiles2), a1(tiles);
-      CK(cudaMemcpy(a2.data(), pf, tiles2 * 8, cudaMemcpyDeviceToHost));
-      CK(cudaMemcpy(a1.data(), pr, tiles * 8, cudaMemcpyDeviceToHost));
-      const int64_t ncol = (p.K + 255) / 256, nmt = (p.M + 127) / 128, nmt2 = (p.M + 63) / 64;
-      for (int64_t t = 0; t < tiles; ++t) {
-        const int64_t e = t / (nmt * ncol), mt = t / ncol % nmt, j = t % ncol;
-        const int64_t t0 = perwg ? 2 * t : (e * nmt2 + 2 * mt) * ncol + j, t1 = perwg ? 2 * t + 1 : t0 + ncol;
-        const double sum = a2[t0] + (perwg || 2 * mt + 1 < nmt2 ? a2[t1] : 0.0);
-        if (!(std::fabs(sum - a1[t]) <= 1e-12 * std::fabs(a1[t]))) ++dp;
-      }
-    }
     const int64_t dw_ = ndiff(sf.w, sr_.w, n * (cf.w16 ? 2 : 4)), dm = ndiff(sf.m, sr_.m, n * (cf.m16 ? 2 : 4)),
                   dv = ndiff(sf.v, sr_.v, n * (cf.v16 ? 2 : 4)), dc = cf.comp ? ndiff(sf.c, sr_.c, n * 2) : 0,
-                  dpr = acc ? ndiff(prior, prior0, gb) : 0;
+                  dp = with_ss ? ndiff(pf, pr, tiles * 8 + 8) : 0, dpr = acc ? ndiff(prior, prior0, gb) : 0;
     const bool good = took && dw_ == 0 && dm == 0 && dv == 0 && dc == 0 && dp == 0 && dpr == 0 && changed > 0;
     std::printf("%-10s %-9s %-2s sr%d ss%d v%d: words differ w %lld m %lld v %lld comp %lld partials %lld prior %lld;"
                 " weights changed %.1f%% %s\n",
@@ -277,11 +258,9 @@ int main(int argc, char** argv) {
   ctx.facts_.cc_minor = prop.minor;
   std::printf("device %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
   // variant: 0 = default, 4 = the other walk depth, 8 = first batch fetched after the mainloop
-  // 16 = two CTAs per SM with 64-row tiles (all-bf16 without a prior; else the default kernel)
-  // 64: each consumer warpgroup stages and walks its own half (experiment)
-  const std::vector<int> all_vars = {0, 4, 8, 12, 64};
-  const std::vector<int> time_vars = {0, 64, 0, 64};
-  if (part != "shapes" && part != "tiny" && part != "skew" && part != "prof") {
+  const std::vector<int> all_vars = {0, 4, 8, 12};
+  const std::vector<int> time_vars = {0, 4, 8, 12};
+  if (part != "shapes" && part != "tiny" && part != "skew") {
     std::vector<Prob> edges;
     edges.push_back(make("uneven", {0, 1, 1000, 0, 64, 65, 128, 129, 255, 257, 3, 0}, 2300, 264, 200));
     edges.push_back(make("empty+tail", {0, 300, 1, 0, 130}, 500, 200, 136));
@@ -320,7 +299,7 @@ int main(int argc, char** argv) {
       const int64_t mx = *std::max_element(counts.begin(), counts.end()), mn = *std::min_element(counts.begin(), counts.end());
       Prob p = make("gate_up", counts, 32768, 2048, 1536);
       if (alpha < 0) {  // bits against the separate kernels with 60 idle experts (= and += / prior)
-        check(ctx, p, kAllBf16, false, true, true, {0, 64});
+        check(ctx, p, kAllBf16, false, true, true, {0});
         check(ctx, p, kDefault, true, false, true, {0});
       }
       const int64_t n = (int64_t)p.E * p.M * p.K;
@@ -329,15 +308,14 @@ int main(int argc, char** argv) {
       void* grad;
       CK(cudaMalloc(&grad, n * 2));
       double* part;
-      CK(cudaMalloc(&part, gwd::dw_adamw_tiles(p.E, p.K, p.M, true, 16) * 8));
+      CK(cudaMalloc(&part, gwd::dw_adamw_tiles(p.E, p.K, p.M, true) * 8));
       Opt o{am::make_consts(1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 1.0f), true, 99, 3};
       const gwd::DwAdamWArgs a = args_for(kAllBf16, st, nullptr, o);
-      std::printf("| rows ~ rank^%.1f (%lld..%lld) | dW %8.3f | unfused %8.3f | fused %8.3f | fused per-warpgroup %8.3f |\n",
-                  -alpha, (long long)mn, (long long)mx,
+      std::printf("| rows ~ rank^%.1f (%lld..%lld) | dW %8.3f | unfused %8.3f | fused %8.3f |\n", -alpha, (long long)mn,
+                  (long long)mx,
                   time_ms([&] { gwd::dispatch_dw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, grad, true, false, part, 0); }, reps),
                   time_ms([&] { run_unfused(ctx, p, kAllBf16, st, grad, false, part, o); }, reps),
-                  time_ms([&] { gwd::dispatch_dw_adamw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, a, part, 0); }, reps),
-                  time_ms([&] { gwd::dispatch_dw_adamw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, a, part, 64); }, reps));
+                  time_ms([&] { gwd::dispatch_dw_adamw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, a, part, 0); }, reps));
       free_state(st);
       CK(cudaFree(grad));
       CK(cudaFree(part));
@@ -345,20 +323,6 @@ int main(int argc, char** argv) {
     }
     std::printf("%s: %d failing check(s)\n", g_fail ? "FAIL" : "PASS", g_fail);
     return g_fail ? 1 : 0;
-  }
-  if (part == "prof") {  // one fused launch of variants 0 and 16 (gate_up, all-bf16, even routing), for ncu
-    std::vector<int64_t> counts(128, 256);
-    Prob p = make("gate_up", counts, 32768, 2048, 1536);
-    const int64_t n = (int64_t)p.E * p.M * p.K;
-    State st = alloc_state(kAllBf16, n);
-    init_state(kAllBf16, n, st, 7);
-    double* part;
-    CK(cudaMalloc(&part, gwd::dw_adamw_tiles(p.E, p.K, p.M, true, 16) * 8));
-    Opt o{am::make_consts(1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 1.0f), true, 99, 3};
-    const gwd::DwAdamWArgs a = args_for(kAllBf16, st, nullptr, o);
-    for (int var : {0, 16}) gwd::dispatch_dw_adamw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, a, part, var);
-    CK(cudaDeviceSynchronize());
-    return 0;
   }
   if (part == "tiny") {  // magnitudes like the proxy model's: tiny gradients and moments
     const std::vector<int64_t> counts = routed(4096, 8, 128, 42);
@@ -409,16 +373,14 @@ int main(int argc, char** argv) {
     }
     for (S s : {S{"gate_up", 2048, 1536}, S{"down", 768, 2048}}) {
       Prob p = make(s.tag, counts, 32768, s.K, s.M);
-      check(ctx, p, kAllBf16, false, true, true, {0, 4, 8, 12, 64});
-      check(ctx, p, kAllBf16, false, false, true, {0, 64});
-      check(ctx, p, kAllBf16, false, false, true, {0, 16});
+      check(ctx, p, kAllBf16, false, true, true, {0, 4, 8, 12});
       check(ctx, p, kAllBf16, true, false, true, {0});
       check(ctx, p, kDefault, true, false, true, {0, 4, 8});
       check(ctx, p, kDefault, false, false, false, {0});
       check(ctx, p, kMixed, false, false, true, {0});
       const int64_t n = (int64_t)p.E * p.M * p.K;
       for (const Conf* cf : {&kAllBf16, &kDefault}) {
-        const int64_t gb = n * (cf->g16 ? 2 : 4), tiles = gwd::dw_adamw_tiles(p.E, p.K, p.M, cf->g16, 16);
+        const int64_t gb = n * (cf->g16 ? 2 : 4), tiles = gwd::dw_adamw_tiles(p.E, p.K, p.M, cf->g16);
         State st = alloc_state(*cf, n);
         init_state(*cf, n, st, 7);
         void* grad;

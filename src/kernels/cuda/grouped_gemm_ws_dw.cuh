@@ -7,8 +7,6 @@
 #pragma once
 #include <cuda.h>
 
-#include <cstdio>
-
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma_sm80.cuh"
 #include "kernels/cuda/wgmma_sm90.cuh"
@@ -17,43 +15,32 @@ namespace moetrain::cuda::gwd {
 
 using bf16 = __nv_bfloat16;
 // 384 threads: warp 0 (lane 0) issues the loads, warps 1-3 are the store warps (kStoreThreads),
-// warpgroups 1 and 2 are the consumers. CW (consumer warpgroups) 1 is the fused AdamW kernel's
-// two-CTAs-per-SM form: 256 threads, 64-row tiles, no store warps (only without a prior gradient), so
-// that one CTA's walk runs beside the other CTA's mainloop on the same SM.
+// warpgroups 1 and 2 are the consumers.
 constexpr int kBM = 128, kMaxE = 1024, kThreads = 384, kStoreThreads = 96;
-template <int CW>
-__host__ __device__ constexpr int threads_of() { return 128 + 128 * CW; }
-// Dynamic shared memory one CTA may take: all of it at one CTA per SM; at two, half of the H100's
-// 228 KB less the 1 KB the hardware reserves per CTA.
-template <int CW>
-__host__ __device__ constexpr int smem_budget() { return CW == 2 ? 227 * 1024 : 228 * 1024 / 2 - 1024; }
 
 // Shared memory: kStages x (A: 2 blocks | B: BN / 64 blocks, each BK k rows x 128 B), the staging
 // tile (128 rows at kPitch bytes), barriers full[kS], empty[kS], sfull, sready, offsets [E+1], then
 // 8 doubles (consumers: tiles of empty experts) and 2 x 8 (a tile's consumer warp sums of squares,
 // double-buffered; store thread 0 adds them).
-template <int BN, typename DwT, int BK, int CW = 2>
+template <int BN, typename DwT, int BK>
 struct Cfg {
-  static constexpr int kRows = 64 * CW;  // rows of dw per tile
   static constexpr int kBlock = BK * 128;
-  static constexpr int kABytes = CW * kBlock;
+  static constexpr int kABytes = 2 * kBlock;
   static constexpr int kStageBytes = kABytes + (BN / 64) * kBlock;
   static constexpr int kPitch = BN * static_cast<int>(sizeof(DwT)) + (sizeof(DwT) == 4 ? 32 : 16);
-  static constexpr int kOutBytes = kRows * kPitch;
+  static constexpr int kOutBytes = kBM * kPitch;
   static constexpr int kOffOff = kOutBytes + 256;
   static constexpr int kRedOff = kOffOff + ((kMaxE + 1) * 4 + 7) / 8 * 8;
   static constexpr int kFixed = 1024 + kRedOff + 24 * 8;
-  static constexpr int kFit = (smem_budget<CW>() - kFixed) / kStageBytes;
+  static constexpr int kFit = (227 * 1024 - kFixed) / kStageBytes;
   static constexpr int kStages = kFit < 8 ? kFit : 8;
   static_assert(kStages >= 2, "dW tile does not fit in shared memory");
   static_assert((2 * kStages + 2) * 8 <= 256, "barrier space");
   static constexpr int kSmem = kFixed + kStages * kStageBytes;
   // setmaxnreg split (128 x kStoreRegs + 256 x kConsumerRegs <= 64512, the launch's 168 x 384): the
   // consumers (fragments, staging, sums of squares) get the registers; the store warps only copy.
-  // CW 1: two CTAs of 256 threads at 128 registers each; warp 0 needs few, the consumers 232.
-  static constexpr int kStoreRegs = CW == 2 ? 40 : 32, kConsumerRegs = CW == 2 ? 232 : 224;
-  static constexpr int kLaunchRegs = CW == 2 ? 168 : 128;
-  static_assert(128 * kStoreRegs + 128 * CW * kConsumerRegs <= kLaunchRegs * threads_of<CW>(), "register split");
+  static constexpr int kStoreRegs = 40, kConsumerRegs = 232;
+  static_assert(128 * kStoreRegs + 256 * kConsumerRegs <= 168 * kThreads, "register split");
 };
 
 struct Params {
@@ -63,7 +50,6 @@ struct Params {
   int E, nmt, ncol;
   int64_t ci, cj;  // M, K
   int accumulate;
-  int bm;  // rows of dw per tile (Cfg::kRows)
 };
 
 struct Tile {
@@ -78,7 +64,7 @@ __device__ __forceinline__ Tile decode(const Params& p, const int32_t* s_off, in
   x.e = static_cast<int>(t / per_e);
   const int64_t rem = t - x.e * per_e;
   const int mt = static_cast<int>(rem / p.ncol);
-  x.i0 = static_cast<int64_t>(mt) * p.bm;
+  x.i0 = static_cast<int64_t>(mt) * kBM;
   x.j0 = rem - static_cast<int64_t>(mt) * p.ncol;
   x.lo = s_off[x.e];
   x.hi = s_off[x.e + 1];
@@ -112,8 +98,7 @@ __device__ __forceinline__ void arrive_lane0(uint32_t bar, uint32_t lane) {
       "r"(lane)
       : "memory");
 }
-template <int CW = 2>
-__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(128 * CW) : "memory"); }
+__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
 
 // ---- the pieces of the kernel ---------------------------------------------------------------------
 
@@ -128,7 +113,7 @@ __device__ __forceinline__ void produce(const CUtensorMap* map_a, const CUtensor
   for (int64_t t = seek(blockIdx.x); t < total; t = seek(t + stride)) {
     const Tile x = decode<BN, BK>(p, s_off, t);
     int na = 0, nb = 0;
-    for (int b = 0; b < C::kABytes / C::kBlock; ++b) na += x.i0 + 64 * b < p.ci;
+    for (int b = 0; b < 2; ++b) na += x.i0 + 64 * b < p.ci;
     for (int b = 0; b < BN / 64; ++b) nb += x.j0 * BN + 64 * b < p.cj;
     const uint32_t bytes = static_cast<uint32_t>((na + nb) * C::kBlock);
     for (int k = 0; k < x.ksteps; ++k) {
@@ -151,56 +136,33 @@ __device__ __forceinline__ void produce(const CUtensorMap* map_a, const CUtensor
 // wgmma group in flight. A slab starts at the expert's first row, so only the last one can run into
 // the next expert's rows (or past N, zero-filled by TMA): rows [valid, BK) of its blocks are zeroed
 // in shared memory (generic stores, proxy fence, consumer barrier) before its wgmma.
-template <class C, int BN, int BK, int CW = 2, bool PerWG = false>
+template <class C, int BN, int BK>
 __device__ __forceinline__ void mainloop(float (&acc)[BN / 2], const Tile& x, uint32_t base, uint32_t full0,
                                          uint32_t empty0, int& stage, uint32_t& phase, int ctid, int cw,
                                          int lane) {
-  constexpr int kNB = CW + BN / 64;
+  constexpr int kNB = 2 + BN / 64;
   int prev = -1;
   for (int k = 0; k < x.ksteps; ++k) {
     wg::mbar_wait(full0 + 8 * stage, phase);
     const uint32_t sa = base + stage * C::kStageBytes, sb = sa + C::kABytes;
     const int valid = static_cast<int>(x.hi - x.lo) - k * BK;
-    if (PerWG && valid < BK) {
-      // experiment (warpgroups that drift apart): each zeroes the rows past the expert in its own dy
-      // block and in every x block (the x blocks by both warpgroups: the same zeros; rows past the
-      // expert may hold NaN, which a zero dy alone would not cancel), and waits only for itself
-      const int rows = BK - valid, wt = ctid & 127;
-      for (int c = wt; c < (1 + BN / 64) * rows * 8; c += 128) {
-        const int blk = c / (rows * 8), rr = c - blk * rows * 8;
-        const uint32_t off = blk == 0 ? cw * C::kBlock : C::kABytes + (blk - 1) * C::kBlock;
-        const uint32_t a = sa + off + (valid + (rr >> 3)) * 128 + (rr & 7) * 16;
-        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(a), "r"(0) : "memory");
-      }
-      wg::fence_proxy_async();
-      asm volatile("bar.sync %0, 128;\n" ::"r"(2 + cw) : "memory");
-    } else if (valid < BK) {
+    if (valid < BK) {
       const int chunks = kNB * (BK - valid) * 8;
-      for (int c = ctid; c < chunks; c += 128 * CW) {
+      for (int c = ctid; c < chunks; c += 256) {
         const int blk = c / ((BK - valid) * 8), rr = c - blk * (BK - valid) * 8;
         const uint32_t a = sa + blk * C::kBlock + (valid + (rr >> 3)) * 128 + (rr & 7) * 16;
         asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(a), "r"(0) : "memory");
       }
       wg::fence_proxy_async();
-      consumers_sync<CW>();
+      consumers_sync();
     }
     wg::fence_regs(acc);
     wg::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk) {
       const uint64_t da = wg::smem_desc(sa + cw * C::kBlock + kk * 2048, C::kBlock, 1024);
-      if constexpr (CW == 1 && BN == 256) {
-        // ptxas checks each wgmma against the kernel's launch register count (128 at two CTAs per
-        // SM), which one m64n256 does not fit: two m64n128 halves (columns 0-127 are acc[0, 64)).
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-          wg::wgmma_bf16<128, 1, 1>(*reinterpret_cast<float(*)[64]>(acc + 64 * h), da,
-                                    wg::smem_desc(sb + 2 * h * C::kBlock + kk * 2048, C::kBlock, 1024),
-                                    (k > 0 || kk > 0) ? 1 : 0);
-      } else {
-        const uint64_t db = wg::smem_desc(sb + kk * 2048, C::kBlock, 1024);
-        wg::wgmma_bf16<BN, 1, 1>(acc, da, db, (k > 0 || kk > 0) ? 1 : 0);
-      }
+      const uint64_t db = wg::smem_desc(sb + kk * 2048, C::kBlock, 1024);
+      wg::wgmma_bf16<BN, 1, 1>(acc, da, db, (k > 0 || kk > 0) ? 1 : 0);
     }
     wg::wgmma_commit();
     if (prev >= 0) {
@@ -315,7 +277,7 @@ __device__ __forceinline__ StoreRows store_rows(int sw, int lane) {
 
 // Consumers, after the main loop: the partials of the tiles of experts without rows (skipped above):
 // the old dw's squares (+=), or 0. Warp sums, then thread 0 adds the 8 in warp order.
-template <int BN, typename DwT, int BK, int CW = 2>
+template <int BN, typename DwT, int BK>
 __device__ __forceinline__ void empty_tile_sums(const Params& p, const int32_t* s_off, double* s_red, int ctid,
                                                 int lane, int warp, int64_t total, int64_t stride) {
   for (int64_t t = blockIdx.x; t < total; t += stride) {
@@ -324,23 +286,23 @@ __device__ __forceinline__ void empty_tile_sums(const Params& p, const int32_t* 
     double ss = 0.0;
     if (p.accumulate) {
       const DwT* src = static_cast<const DwT*>(p.c) + (x.e * p.ci + x.i0) * p.cj + x.j0 * BN;
-      const int64_t rows = p.ci - x.i0 < p.bm ? p.ci - x.i0 : p.bm;
+      const int64_t rows = p.ci - x.i0 < kBM ? p.ci - x.i0 : kBM;
       const int64_t cols = p.cj - x.j0 * BN < BN ? p.cj - x.j0 * BN : BN;
-      for (int64_t k = ctid; k < rows * cols; k += 128 * CW) {
+      for (int64_t k = ctid; k < rows * cols; k += 256) {
         const double v = static_cast<float>(src[(k / cols) * p.cj + k % cols]);
         ss += v * v;
       }
     }
     for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
     if (lane == 0) s_red[warp] = ss;
-    consumers_sync<CW>();
+    consumers_sync();
     if (ctid == 0) {
       double s = 0.0;
 #pragma unroll
-      for (int w = 0; w < 4 * CW; ++w) s += s_red[w];
+      for (int w = 0; w < 8; ++w) s += s_red[w];
       p.ss[t] = s;
     }
-    consumers_sync<CW>();
+    consumers_sync();
   }
 }
 
@@ -352,7 +314,7 @@ __device__ __forceinline__ void empty_tile_sums(const Params& p, const int32_t* 
 // each tile of an expert without rows in their tile sequence: no mainloop, no staging) and
 // empty_experts() (consumers, after the main loop).
 struct StoreEpilogue {
-  static constexpr bool kStore = true, kWalk = false, kEarly = false, kWalkEmpty = false, kPerWG = false;
+  static constexpr bool kStore = true, kWalk = false, kEarly = false, kWalkEmpty = false;
   struct Pending {};
   template <int BN, typename DwT>
   __device__ void walk_empty(const Params&, const Tile&, int) const {}
@@ -379,14 +341,12 @@ struct StoreEpilogue {
 // and, +=, holds the old rows) they stage it and arrive on sfull; the store warps wait on sfull, issue
 // the row stores, sum the squares, and once the stores have read the tile, load the next tile's old
 // rows and arrive on sready. map_a: dy [N, M], map_b: x [N, K], boxes 64 columns x BK rows.
-template <int BN, typename DwT, int BK, class Epi, int CW = 2>
-__global__ void __launch_bounds__(threads_of<CW>(), 3 - CW)
+template <int BN, typename DwT, int BK, class Epi>
+__global__ void __launch_bounds__(kThreads, 1)
     gmm_ws_dw_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                      const Params p, const Epi epi) {
 #if MT_WGMMA_ENABLED
-  using C = Cfg<BN, DwT, BK, CW>;
-  static_assert(CW == 2 || !Epi::kStore, "one consumer warpgroup: only a walking epilogue (no store warps)");
-  constexpr int kCT = 128 * CW;  // consumer threads
+  using C = Cfg<BN, DwT, BK>;
   constexpr int kS = C::kStages;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = mma::smem_addr(smem_raw);
@@ -397,13 +357,13 @@ __global__ void __launch_bounds__(threads_of<CW>(), 3 - CW)
   int32_t* s_off = reinterpret_cast<int32_t*>(out_p + C::kOffOff);
   double* s_red = reinterpret_cast<double*>(out_p + C::kRedOff);
   const int tid = threadIdx.x;
-  for (int i = tid; i <= p.E; i += threads_of<CW>()) s_off[i] = p.off[i];
+  for (int i = tid; i <= p.E; i += kThreads) s_off[i] = p.off[i];
   if (tid == 0) {
     for (int s = 0; s < kS; ++s) {
       wg::mbar_init(full0 + 8 * s, 1);
-      wg::mbar_init(empty0 + 8 * s, 4 * CW);
+      wg::mbar_init(empty0 + 8 * s, 8);
     }
-    wg::mbar_init(sfull, kCT);
+    wg::mbar_init(sfull, 256);
     wg::mbar_init(sready, kStoreThreads);
     wg::fence_mbar_init();
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map_a)) : "memory");
@@ -426,7 +386,7 @@ __global__ void __launch_bounds__(threads_of<CW>(), 3 - CW)
     // A walking epilogue with nothing to load into the staging tile needs no store warps: the
     // consumers order the tiles themselves (see `solo` below). Left waiting, these warps issued 10%
     // of the fused kernel's instructions, sleeping waits included (the H100 time did not change).
-    if (CW == 1 || (!Epi::kStore && !p.accumulate)) return;  // CW 1: the dispatcher never passes a prior
+    if (!Epi::kStore && !p.accumulate) return;
     // ---- store warps (see store_rows) ----
     const int st = tid - 32, sw = st >> 5, lane = tid & 31;
     const StoreRows own = store_rows(sw, lane);
@@ -476,20 +436,8 @@ __global__ void __launch_bounds__(threads_of<CW>(), 3 - CW)
   int stage = 0;
   uint32_t phase = 0, rphase = 0, cit = 0;
   float acc[BN / 2];
-  (void)kCT;
   typename Epi::Pending pend;
-  const bool solo = CW == 1 || (!Epi::kStore && !p.accumulate);  // no store warps (they returned above)
-  // Epi::kPerWG (experiment, solo only): each consumer warpgroup stages and walks its own 64 rows and
-  // waits only for itself, so that one can walk while the other runs the next tile's mainloop.
-  constexpr bool kPerWG = Epi::kPerWG && CW == 2;
-  const int wtid = ctid & 127;
-  Params ph = p;  // the warpgroup's half of a tile, for its walk
-  ph.bm = 64;
-  auto half = [&](const Tile& x) {
-    Tile h = x;
-    h.i0 = x.i0 + 64 * cw;
-    return h;
-  };
+  const bool solo = !Epi::kStore && !p.accumulate;  // no store warps (they returned above)
   // with kWalkEmpty the consumers also visit the tiles of experts without rows (the producer and the
   // store warps skip them), so that this work is spread over the CTAs like the rest
   for (int64_t t = Epi::kWalkEmpty ? blockIdx.x : seek(blockIdx.x); t < total;
@@ -497,53 +445,32 @@ __global__ void __launch_bounds__(threads_of<CW>(), 3 - CW)
     const Tile x = decode<BN, BK>(p, s_off, t);
     if constexpr (Epi::kWalkEmpty) {
       if (x.ksteps == 0) {
-        if constexpr (kPerWG) epi.template walk_empty<BN, DwT>(ph, half(x), wtid);
-        else epi.template walk_empty<BN, DwT>(p, x, ctid);
+        epi.template walk_empty<BN, DwT>(p, x, ctid);
         continue;
       }
     }
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;  // dead between tiles (the first wgmma ignores them)
-    if constexpr (kPerWG) {
-      epi.template fetch<BN>(ph, half(x), wtid, pend);
-      mainloop<C, BN, BK, CW, true>(acc, x, base, full0, empty0, stage, phase, ctid, cw, lane);
-      asm volatile("bar.sync %0, 128;\n" ::"r"(2 + cw) : "memory");  // this warpgroup walked its last half
-      const int nrows = static_cast<int>(p.ci - x.i0 < p.bm ? p.ci - x.i0 : p.bm);
-      const int ncols = static_cast<int>(p.cj - x.j0 * BN < BN ? p.cj - x.j0 * BN : BN);
-      double* red = p.ss ? s_red + 8 + 8 * (cit++ & 1u) : nullptr;
-      stage_tile<BN, DwT, C::kPitch>(acc, false, sout, out_p, lane, warp, red, nrows, ncols);
-      wg::fence_proxy_async();
-      asm volatile("bar.sync %0, 128;\n" ::"r"(2 + cw) : "memory");
-      if (p.ss && wtid == 0) {  // this warpgroup's 4 warp sums, in order: entry 2 t + cw
-        double sum = 0.0;
-#pragma unroll
-        for (int w = 0; w < 4; ++w) sum += red[4 * cw + w];
-        p.ss[2 * t + cw] = sum;
-      }
-      epi.template walk<BN, DwT, C::kPitch>(ph, half(x), out_p + 64 * cw * C::kPitch, wtid, pend);
-      wg::fence_proxy_async();
-      continue;
-    }
     if constexpr (Epi::kWalk && Epi::kEarly) epi.template fetch<BN>(p, x, ctid, pend);
-    mainloop<C, BN, BK, CW>(acc, x, base, full0, empty0, stage, phase, ctid, cw, lane);
+    mainloop<C, BN, BK>(acc, x, base, full0, empty0, stage, phase, ctid, cw, lane);
     if constexpr (Epi::kWalk && !Epi::kEarly) epi.template fetch<BN>(p, x, ctid, pend);
     if (solo) {
-      consumers_sync<CW>();  // every consumer has walked the previous staged tile
+      consumers_sync();  // every consumer has walked the previous staged tile
     } else {
       wg::mbar_wait(sready, rphase);
       rphase ^= 1u;
     }
-    const int nrows = static_cast<int>(p.ci - x.i0 < p.bm ? p.ci - x.i0 : p.bm);
+    const int nrows = static_cast<int>(p.ci - x.i0 < kBM ? p.ci - x.i0 : kBM);
     const int ncols = static_cast<int>(p.cj - x.j0 * BN < BN ? p.cj - x.j0 * BN : BN);
     double* red = p.ss ? s_red + 8 + 8 * (cit++ & 1u) : nullptr;  // read by store thread 0 after sfull
     stage_tile<BN, DwT, C::kPitch>(acc, p.accumulate != 0, sout, out_p, lane, warp, red, nrows, ncols);
     wg::fence_proxy_async();  // staging writes, before the store warps' bulk stores read them
     if constexpr (Epi::kWalk) {
-      consumers_sync<CW>();
+      consumers_sync();
       if (solo && p.ss && ctid == 0) {  // the 8 warp sums in warp order, as store thread 0 adds them
         double s = 0.0;
 #pragma unroll
-        for (int w = 0; w < 4 * CW; ++w) s += red[w];
+        for (int w = 0; w < 8; ++w) s += red[w];
         p.ss[t] = s;
       }
       epi.template walk<BN, DwT, C::kPitch>(p, x, out_p, ctid, pend);
@@ -551,12 +478,7 @@ __global__ void __launch_bounds__(threads_of<CW>(), 3 - CW)
     }
     if (!solo) wg::mbar_arrive(sfull);
   }
-  if (kPerWG && p.ss) {  // solo: no prior, so an idle expert's tiles sum to 0
-    for (int64_t t = blockIdx.x; t < total; t += stride)
-      if (ctid == 0 && decode<BN, BK>(p, s_off, t).ksteps == 0) p.ss[2 * t] = p.ss[2 * t + 1] = 0.0;
-  } else if (p.ss) {
-    empty_tile_sums<BN, DwT, BK, CW>(p, s_off, s_red, ctid, lane, warp, total, stride);
-  }
+  if (p.ss) empty_tile_sums<BN, DwT, BK>(p, s_off, s_red, ctid, lane, warp, total, stride);
   epi.template empty_experts<DwT>(p, s_off, ctid);
 #endif
 }
@@ -602,7 +524,7 @@ inline int dw_sm_count(const Context& ctx) {
 }
 
 // Params of an [E, M, K] dW problem over 128 x BN tiles; c: dw (or the AdamW prior), null allowed.
-template <int BN, int BM = kBM>
+template <int BN>
 inline Params dw_params(const int32_t* off, int E, int64_t K, int64_t M, void* c, bool accumulate, double* partial) {
   Params p{};
   p.off = off;
@@ -612,31 +534,20 @@ inline Params dw_params(const int32_t* off, int E, int64_t K, int64_t M, void* c
   p.ci = M;
   p.cj = K;
   p.ncol = static_cast<int>((K + BN - 1) / BN);
-  p.nmt = static_cast<int>((M + BM - 1) / BM);
+  p.nmt = static_cast<int>((M + kBM - 1) / kBM);
   p.accumulate = accumulate ? 1 : 0;
-  p.bm = BM;
   return p;
 }
 
 // The kernel with epilogue policy epi on `grid` CTAs. x [N, K], dy [N, M].
-template <int BN, typename DwT, int BK, class Epi, int CW = 2>
+template <int BN, typename DwT, int BK, class Epi>
 void launch_dw_kernel(Context& ctx, const bf16* x, const bf16* dy, int64_t N, int64_t K, int64_t M, const Params& p,
                       const Epi& epi, int64_t grid, const char* op) {
-  using C = Cfg<BN, DwT, BK, CW>;
+  using C = Cfg<BN, DwT, BK>;
   const CUtensorMap ma = dw_map(dy, N > 0 ? N : 1, M, BK), mb = dw_map(x, N > 0 ? N : 1, K, BK);
-  auto kernel = gmm_ws_dw_kernel<BN, DwT, BK, Epi, CW>;
+  auto kernel = gmm_ws_dw_kernel<BN, DwT, BK, Epi>;
   MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
-  if constexpr (CW == 1) {  // two CTAs per SM need the largest shared-memory carveout
-    MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
-    static const int occ = [&] {
-      int o = 0;
-      MT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o, kernel, threads_of<CW>(), C::kSmem));
-      std::fprintf(stderr, "[dw 2-CTA] %d CTAs per SM (smem %d B, %d stages)\n", o, C::kSmem, C::kStages);
-      return o;
-    }();
-    (void)occ;
-  }
-  kernel<<<static_cast<unsigned>(grid), threads_of<CW>(), C::kSmem, stream_of(ctx)>>>(ma, mb, p, epi);
+  kernel<<<static_cast<unsigned>(grid), kThreads, C::kSmem, stream_of(ctx)>>>(ma, mb, p, epi);
   check_launch(op);
 }
 

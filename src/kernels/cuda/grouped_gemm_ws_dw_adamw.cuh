@@ -129,13 +129,12 @@ struct WalkGeom {
 };
 template <int BN>
 __device__ __forceinline__ WalkGeom walk_geom(const Params& p, const Tile& x) {
-  const int rows = static_cast<int>(p.ci - x.i0 < p.bm ? p.ci - x.i0 : p.bm);
+  const int rows = static_cast<int>(p.ci - x.i0 < kBM ? p.ci - x.i0 : kBM);
   const int nvr = static_cast<int>((p.cj - x.j0 * BN < BN ? p.cj - x.j0 * BN : BN) / 8);
   return {(x.e * p.ci + x.i0) * p.cj + x.j0 * BN, p.cj, rows * (BN / 8), nvr};
 }
 
-// The raw w, m, v words of U vectors (first + CT u; CT: consumer threads) a consumer thread loads
-// ahead of their g.
+// The raw w, m, v words of U vectors (first + 256 u) a consumer thread loads ahead of their g.
 template <typename W, typename MT, typename VT, int U>
 struct Batch {
   Raw8<W> w[U];
@@ -143,12 +142,12 @@ struct Batch {
   Raw8<VT> v[U];
 };
 
-template <int BN, typename W, typename MT, typename VT, int U, int CT>
+template <int BN, typename W, typename MT, typename VT, int U>
 __device__ __forceinline__ void fetch_batch(const AdamWParams& a, const WalkGeom& g, int first, Batch<W, MT, VT, U>& q) {
   constexpr int kVR = BN / 8;
 #pragma unroll
   for (int u = 0; u < U; ++u) {
-    const int idx = first + CT * u, c = idx % kVR;
+    const int idx = first + 256 * u, c = idx % kVR;
     if (idx < g.nvec && c < g.nvr) {
       const int64_t gi = g.gbase + static_cast<int64_t>(idx / kVR) * g.cj + c * 8;
       q.w[u] = ld8(static_cast<const W*>(a.w) + gi);
@@ -159,14 +158,14 @@ __device__ __forceinline__ void fetch_batch(const AdamWParams& a, const WalkGeom
 }
 
 // AdamW of the batch's vectors from their staged g (the tile row-major at kPitch bytes per row).
-template <int BN, typename GT, int kPitch, typename W, typename MT, typename VT, int U, int CT>
+template <int BN, typename GT, int kPitch, typename W, typename MT, typename VT, int U>
 __device__ __forceinline__ void apply_batch(const AdamWParams& a, const unsigned char* tile, const WalkGeom& g,
                                             int first, const Batch<W, MT, VT, U>& q) {
   constexpr int kVR = BN / 8;
   using GS = GStore<GT>;
 #pragma unroll
   for (int u = 0; u < U; ++u) {
-    const int idx = first + CT * u, c = idx % kVR;
+    const int idx = first + 256 * u, c = idx % kVR;
     if (idx >= g.nvec || c >= g.nvr) continue;
     float gf[8], wf[8], mf[8], vf[8];
     widen8(ld8(reinterpret_cast<const GS*>(tile + (idx / kVR) * kPitch) + c * 8), gf);
@@ -181,9 +180,8 @@ __device__ __forceinline__ void apply_batch(const AdamWParams& a, const unsigned
 // nothing is stored; experts without rows get the update from g = prior (or 0). Each consumer
 // thread keeps U vectors' w, m, v loads in flight ahead of the ones it updates: the first batch is
 // fetched around the mainloop (before it when kEarly), each next one before the current is applied.
-template <typename W, typename MT, typename VT, int U, bool Early = false, int CT = 256, bool PerWG = false>
+template <typename W, typename MT, typename VT, int U, bool Early = false>
 struct AdamWEpilogue {
-  static constexpr bool kPerWG = PerWG;
   // kWalkEmpty with bf16 state only: with f32 state the extra per-tile path made the whole kernel
   // 1.85x slower on the H100 (gate_up 4.15 -> 7.71 ms, not understood yet), so f32 keeps the tail.
   static constexpr bool kStore = false, kWalk = true, kEarly = Early, kWalkEmpty = sizeof(W) == 2;
@@ -191,16 +189,16 @@ struct AdamWEpilogue {
   AdamWParams a;
   template <int BN>
   __device__ void fetch(const Params& p, const Tile& x, int ctid, Pending& q) const {
-    fetch_batch<BN, W, MT, VT, U, CT>(a, walk_geom<BN>(p, x), ctid, q);
+    fetch_batch<BN, W, MT, VT, U>(a, walk_geom<BN>(p, x), ctid, q);
   }
   template <int BN, typename GT, int kPitch>
   __device__ void walk(const Params& p, const Tile& x, const unsigned char* tile, int ctid, Pending& q) const {
     const WalkGeom g = walk_geom<BN>(p, x);
 #pragma unroll 1
-    for (int b = ctid; b < g.nvec; b += CT * U) {
+    for (int b = ctid; b < g.nvec; b += 256 * U) {
       Pending next;
-      if (b + CT * U < g.nvec) fetch_batch<BN, W, MT, VT, U, CT>(a, g, b + CT * U, next);
-      apply_batch<BN, GT, kPitch, W, MT, VT, U, CT>(a, tile, g, b, q);
+      if (b + 256 * U < g.nvec) fetch_batch<BN, W, MT, VT, U>(a, g, b + 256 * U, next);
+      apply_batch<BN, GT, kPitch, W, MT, VT, U>(a, tile, g, b, q);
       q = next;
     }
   }
@@ -218,23 +216,23 @@ struct AdamWEpilogue {
     auto fetch_prior = [&](int first, Raw8<GS> (&q)[U]) {
 #pragma unroll
       for (int u = 0; u < U; ++u)
-        if (prior && in(first + CT * u)) q[u] = ld8(prior + at(first + CT * u));
+        if (prior && in(first + 256 * u)) q[u] = ld8(prior + at(first + 256 * u));
     };
     Pending cur;
     Raw8<GS> pc[U];
-    fetch_batch<BN, W, MT, VT, U, CT>(a, g, ctid, cur);
+    fetch_batch<BN, W, MT, VT, U>(a, g, ctid, cur);
     fetch_prior(ctid, pc);
 #pragma unroll 1
-    for (int b = ctid; b < g.nvec; b += CT * U) {
+    for (int b = ctid; b < g.nvec; b += 256 * U) {
       Pending next;
       Raw8<GS> pn[U];
-      if (b + CT * U < g.nvec) {
-        fetch_batch<BN, W, MT, VT, U, CT>(a, g, b + CT * U, next);
-        fetch_prior(b + CT * U, pn);
+      if (b + 256 * U < g.nvec) {
+        fetch_batch<BN, W, MT, VT, U>(a, g, b + 256 * U, next);
+        fetch_prior(b + 256 * U, pn);
       }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        const int idx = b + CT * u;
+        const int idx = b + 256 * u;
         if (!in(idx)) continue;
         float gf[8], wf[8], mf[8], vf[8];
         if (prior) {
@@ -265,7 +263,7 @@ struct AdamWEpilogue {
       Raw8<VT> v[U];
       Raw8<GS> g[U];
     };
-    const int64_t vecs = p.ci * p.cj / 8, stride = gridDim.x * static_cast<int64_t>(CT);
+    const int64_t vecs = p.ci * p.cj / 8, stride = gridDim.x * 256ll;
     const GS* prior = p.accumulate ? static_cast<const GS*>(p.c) : nullptr;
     auto fetch = [&](int64_t e0, int64_t vi, Flat& q) {
 #pragma unroll
@@ -281,7 +279,7 @@ struct AdamWEpilogue {
     for (int e = 0; e < p.E; ++e) {
       if (s_off[e + 1] > s_off[e]) continue;
       const int64_t e0 = static_cast<int64_t>(e) * p.ci * p.cj;
-      const int64_t first = static_cast<int64_t>(blockIdx.x) * CT + ctid;
+      const int64_t first = static_cast<int64_t>(blockIdx.x) * 256 + ctid;
       Flat cur;
       fetch(e0, first, cur);
 #pragma unroll 1
@@ -309,13 +307,11 @@ struct AdamWEpilogue {
   }
 };
 
-template <int BN, typename GT, int BK, typename W, typename MT, typename VT, int U, bool Early = false, int CW = 2,
-          bool PerWG = false>
+template <int BN, typename GT, int BK, typename W, typename MT, typename VT, int U, bool Early = false>
 void launch(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, int E, int64_t N, int64_t K, int64_t M,
             const DwAdamWArgs& args, double* partial) {
-  const Params p =
-      dw_params<BN, 64 * CW>(off, E, K, M, const_cast<void*>(args.prior), args.prior != nullptr, partial);
-  AdamWEpilogue<W, MT, VT, U, Early, PerWG ? 128 : 128 * CW, PerWG> epi{};
+  const Params p = dw_params<BN>(off, E, K, M, const_cast<void*>(args.prior), args.prior != nullptr, partial);
+  AdamWEpilogue<W, MT, VT, U, Early> epi{};
   epi.a.w = args.master;
   epi.a.m = args.m;
   epi.a.v = args.v;
@@ -325,19 +321,15 @@ void launch(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, int
   epi.a.counter = args.counter;
   epi.a.sr = args.sr ? 1 : 0;
   // every CTA takes part in the updates of experts without rows, so the grid is never cut to the tiles
-  launch_dw_kernel<BN, GT, BK, AdamWEpilogue<W, MT, VT, U, Early, PerWG ? 128 : 128 * CW, PerWG>, CW>(
-      ctx, x, dy, N, K, M, p, epi, dw_sm_count(ctx) * (3 - CW), "grouped_matmul_backward_adamw");
+  launch_dw_kernel<BN, GT, BK>(ctx, x, dy, N, K, M, p, epi, dw_sm_count(ctx), "grouped_matmul_backward_adamw");
 }
 
 inline bool aligned16(const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15u) == 0; }
 
 }  // namespace dwa
 
-// Size of the per-tile sum-of-squares buffer dispatch_dw_adamw writes (dispatch_dw's tiling; with
-// variant bit 4, two-CTA tiles of 64 rows: twice as many).
-inline int64_t dw_adamw_tiles(int E, int64_t K, int64_t M, bool grad_bf16, int variant = 0) {
-  return dw_tiles(E, K, M, grad_bf16) * (((variant >> 4) & 1) || ((variant >> 6) & 1) ? 2 : 1);
-}
+// Size of the per-tile sum-of-squares buffer dispatch_dw_adamw writes (dispatch_dw's tiling).
+inline int64_t dw_adamw_tiles(int E, int64_t K, int64_t M, bool grad_bf16) { return dw_tiles(E, K, M, grad_bf16); }
 
 // Whether dispatch_dw_adamw takes this problem (else the caller runs dispatch_dw + adamw).
 inline bool dw_adamw_supported(const Context& ctx, int E, int64_t N, int64_t K, int64_t M, const DwAdamWArgs& a) {
@@ -361,15 +353,9 @@ inline bool dw_adamw_supported(const Context& ctx, int E, int64_t N, int64_t K, 
 inline bool dispatch_dw_adamw(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, int E, int64_t N,
                               int64_t K, int64_t M, const DwAdamWArgs& a, double* partial, int variant = 0) {
   if (!dw_adamw_supported(ctx, E, N, K, M, a)) return false;
-  const int alt = (variant >> 2) & 1, early = !((variant >> 3) & 1), two = (variant >> 4) & 1,
-            perwg = (variant >> 6) & 1;
+  const int alt = (variant >> 2) & 1, early = !((variant >> 3) & 1);
   using u16 = uint16_t;
-  if (perwg && a.grad_bf16 && a.master_bf16 && !a.prior) {  // experiment: warpgroups walk their own halves
-    dwa::launch<256, bf16, 64, u16, u16, u16, 2, true, 2, true>(ctx, x, dy, off, E, N, K, M, a, partial);
-  } else if (two && a.grad_bf16 && a.master_bf16 && !a.prior) {
-    if (early) dwa::launch<256, bf16, 32, u16, u16, u16, 2, true, 1>(ctx, x, dy, off, E, N, K, M, a, partial);
-    else dwa::launch<256, bf16, 32, u16, u16, u16, 2, false, 1>(ctx, x, dy, off, E, N, K, M, a, partial);
-  } else if (a.grad_bf16 && a.master_bf16) {
+  if (a.grad_bf16 && a.master_bf16) {
     if (alt && early) dwa::launch<256, bf16, 64, u16, u16, u16, 4, true>(ctx, x, dy, off, E, N, K, M, a, partial);
     else if (alt) dwa::launch<256, bf16, 64, u16, u16, u16, 4>(ctx, x, dy, off, E, N, K, M, a, partial);
     else if (early) dwa::launch<256, bf16, 64, u16, u16, u16, 2, true>(ctx, x, dy, off, E, N, K, M, a, partial);
