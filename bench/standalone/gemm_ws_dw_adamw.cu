@@ -162,6 +162,17 @@ gwd::DwAdamWArgs args_for(const Conf& cf, const State& s, const void* prior, con
   return a;
 }
 
+// The moments m, v of the experts without rows set to exactly 0, as in a training step: an expert
+// that has not had a row yet keeps m = v = 0 (g = 0 each step). zero_all: every expert's.
+void zero_moments(const Prob& p, const Conf& cf, const State& s, bool zero_all) {
+  const int64_t per = p.M * p.K;
+  for (int e = 0; e < p.E; ++e) {
+    if (!zero_all && p.off[e + 1] > p.off[e]) continue;
+    CK(cudaMemset(static_cast<char*>(s.m) + e * per * (cf.m16 ? 2 : 4), 0, per * (cf.m16 ? 2 : 4)));
+    CK(cudaMemset(static_cast<char*>(s.v) + e * per * (cf.v16 ? 2 : 4), 0, per * (cf.v16 ? 2 : 4)));
+  }
+}
+
 // The unfused sequence: grad (= prior copy when acc) <- dispatch_dw; adamw_kernel from grad.
 void run_unfused(Context& ctx, const Prob& p, const Conf& cf, const State& s, void* grad, bool acc, double* part,
                  const Opt& o) {
@@ -170,12 +181,15 @@ void run_unfused(Context& ctx, const Prob& p, const Conf& cf, const State& s, vo
   adamw_unfused(ctx, cf, s, grad, n, o.k, o.sr, o.key, o.counter);
 }
 
-bool check(Context& ctx, const Prob& p, const Conf& cf, bool acc, bool sr, bool with_ss, std::vector<int> variants) {
+// zeros: 0 = random moments, 1 = the idle experts' moments 0, 2 = every moment 0.
+bool check(Context& ctx, const Prob& p, const Conf& cf, bool acc, bool sr, bool with_ss, std::vector<int> variants,
+           int zeros = 0) {
   const int64_t n = (int64_t)p.E * p.M * p.K, gb = n * (cf.g16 ? 2 : 4);
   const int64_t tiles = gwd::dw_adamw_tiles(p.E, p.K, p.M, cf.g16);
   Opt o{am::make_consts(2e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 0.5f), sr, 0x1234abcdull + p.E, 77 + (uint64_t)p.K};
   State s0 = alloc_state(cf, n), sr_ = alloc_state(cf, n), sf = alloc_state(cf, n);
   init_state(cf, n, s0, 100 + p.M);
+  if (zeros) zero_moments(p, cf, s0, zeros == 2);
   void *grad, *prior = nullptr, *prior0 = nullptr;
   double *pr, *pf;
   CK(cudaMalloc(&grad, gb));
@@ -208,9 +222,9 @@ bool check(Context& ctx, const Prob& p, const Conf& cf, bool acc, bool sr, bool 
                   dv = ndiff(sf.v, sr_.v, n * (cf.v16 ? 2 : 4)), dc = cf.comp ? ndiff(sf.c, sr_.c, n * 2) : 0,
                   dp = with_ss ? ndiff(pf, pr, tiles * 8 + 8) : 0, dpr = acc ? ndiff(prior, prior0, gb) : 0;
     const bool good = took && dw_ == 0 && dm == 0 && dv == 0 && dc == 0 && dp == 0 && dpr == 0 && changed > 0;
-    std::printf("%-10s %-9s %-2s sr%d ss%d v%d: words differ w %lld m %lld v %lld comp %lld partials %lld prior %lld;"
+    std::printf("%-10s %-9s %-2s sr%d ss%d v%d z%d: words differ w %lld m %lld v %lld comp %lld partials %lld prior %lld;"
                 " weights changed %.1f%% %s\n",
-                p.tag, cf.name, acc ? "+=" : "=", sr ? 1 : 0, with_ss ? 1 : 0, var, (long long)dw_, (long long)dm,
+                p.tag, cf.name, acc ? "+=" : "=", sr ? 1 : 0, with_ss ? 1 : 0, var, zeros, (long long)dw_, (long long)dm,
                 (long long)dv, (long long)dc, (long long)dp, (long long)dpr,
                 100.0 * changed / (double)(n * (cf.w16 ? 0.5 : 1.0)), good ? "PASS" : "FAIL");
     ok = ok && good;
@@ -275,6 +289,11 @@ int main(int argc, char** argv) {
         }
       check(ctx, p, kAllBf16, false, true, false, {0});
       check(ctx, p, kDefault, true, false, false, {0});
+      for (int z : {1, 2})  // exact zeros in the moments (the idle experts' fast path)
+        for (const Conf* cf : {&kAllBf16, &kDefault, &kMixed}) {
+          check(ctx, p, *cf, false, true, true, {0}, z);
+          check(ctx, p, *cf, true, true, true, {0}, z);
+        }
       release(p);
     }
   }
@@ -299,8 +318,11 @@ int main(int argc, char** argv) {
       const int64_t mx = *std::max_element(counts.begin(), counts.end()), mn = *std::min_element(counts.begin(), counts.end());
       Prob p = make("gate_up", counts, 32768, 2048, 1536);
       if (alpha < 0) {  // bits against the separate kernels with 60 idle experts (= and += / prior)
-        check(ctx, p, kAllBf16, false, true, true, {0});
-        check(ctx, p, kDefault, true, false, true, {0});
+        for (int z : {0, 1}) {
+          check(ctx, p, kAllBf16, false, true, true, {0}, z);
+          check(ctx, p, kAllBf16, false, false, true, {0}, z);
+          check(ctx, p, kDefault, true, false, true, {0}, z);
+        }
       }
       const int64_t n = (int64_t)p.E * p.M * p.K;
       State st = alloc_state(kAllBf16, n);
@@ -316,6 +338,26 @@ int main(int argc, char** argv) {
                   time_ms([&] { gwd::dispatch_dw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, grad, true, false, part, 0); }, reps),
                   time_ms([&] { run_unfused(ctx, p, kAllBf16, st, grad, false, part, o); }, reps),
                   time_ms([&] { gwd::dispatch_dw_adamw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, a, part, 0); }, reps));
+      if (alpha < 0) {  // as in a training step: the idle experts' moments are exactly 0
+        zero_moments(p, kAllBf16, st, false);
+        for (const bool sr : {true, false}) {
+          Opt oz = o;
+          oz.sr = sr;
+          const gwd::DwAdamWArgs az = args_for(kAllBf16, st, nullptr, oz);
+          std::printf("| idle experts' moments 0, %s | unfused %8.3f | fused %8.3f |", sr ? "sr " : "rne",
+                      time_ms([&] { run_unfused(ctx, p, kAllBf16, st, grad, false, part, oz); }, reps),
+                      time_ms([&] { gwd::dispatch_dw_adamw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, az, part, 0); },
+                              reps));
+#ifdef MT_DW_OLD
+          namespace gold = moetrain::cuda::gwd_old;
+          gold::DwAdamWArgs ao;
+          std::memcpy(&ao, &az, sizeof ao);
+          std::printf(" old fused %8.3f |", time_ms([&] {
+            gold::dispatch_dw_adamw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, ao, part, 0); }, reps));
+#endif
+          std::printf("\n");
+        }
+      }
       free_state(st);
       CK(cudaFree(grad));
       CK(cudaFree(part));

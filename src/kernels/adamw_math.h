@@ -118,6 +118,13 @@ __device__ __forceinline__ float div_fast(float a, float b) {
   return __fmaf_rn(r, __fmaf_rn(-b, q, a), q);
 }
 // update() of 8 independent elements: the same operations in the same order per element.
+// kZeros: exact zeros also take the fast sequences. sqrt(+-0) = +-0, and +-0 divided by a positive
+// finite denominator is that zero, so both are selected exactly instead of redone. Without it a zero
+// v or m (an expert that has not had a row yet: its moments stay exactly 0, step after step) sends
+// all 8 elements of a vector through update() one after the other, with the slow paths of the
+// IEEE square root and divide. The selects cost about 6 instructions per element, so only the walks
+// of experts without rows use it (they are where the zeros are).
+template <bool kZeros = false>
 __device__ __forceinline__ void update8(const Consts& c, const float (&grad)[8], float (&m)[8], float (&v)[8],
                                         float (&w)[8]) {
   float m0[8], v0[8], w0[8];
@@ -128,10 +135,25 @@ __device__ __forceinline__ void update8(const Consts& c, const float (&grad)[8],
     const float g = mul(grad[j], c.grad_scale);
     m[j] = add(mul(c.b1, m[j]), mul(c.one_minus_b1, g));
     v[j] = add(mul(c.b2, v[j]), mul(mul(c.one_minus_b2, g), g));
-    const float denom = add(mul(sqrt_fast(v[j]), c.inv_sqrt_bc2), c.eps);
+    bool ok = sqrt_fast_ok(v[j]);
+    float s = sqrt_fast(v[j]);
+    if constexpr (kZeros) {
+      const bool zv = v[j] == 0.0f;
+      s = zv ? v[j] : s;
+      ok = ok || zv;
+    }
+    const float denom = add(mul(s, c.inv_sqrt_bc2), c.eps);
     const float a = mul(m[j], c.inv_bc1);
-    redo |= static_cast<unsigned>(!(sqrt_fast_ok(v[j]) && div_fast_ok(a, denom))) << j;
-    w[j] = sub(w[j], mul(c.lr, add(div_fast(a, denom), mul(c.wd, w[j]))));
+    float q = div_fast(a, denom);
+    if constexpr (kZeros) {
+      const bool za = a == 0.0f;  // exact when denom is positive and finite: bits in [1, 0x7f7fffff]
+      ok = ok && (za ? __float_as_uint(denom) - 1u < 0x7f7fffffu : div_fast_ok(a, denom));
+      q = za ? a : q;
+    } else {
+      ok = ok && div_fast_ok(a, denom);
+    }
+    redo |= static_cast<unsigned>(!ok) << j;
+    w[j] = sub(w[j], mul(c.lr, add(q, mul(c.wd, w[j]))));
   }
   if (redo) {
 #pragma unroll

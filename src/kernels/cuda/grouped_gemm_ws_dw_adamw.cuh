@@ -57,8 +57,9 @@ namespace ad = adamw_detail;
 namespace am = adamw_math;
 
 // New m, v, w of 8 consecutive elements from flat index i0 (a multiple of 8): the vector body of
-// adamw_kernel, the same operations in the same order.
-template <typename W, typename MT, typename VT>
+// adamw_kernel, the same operations in the same order. kZeros: am::update8's fast path for exact zeros
+// (the experts without rows, whose moments are often exactly 0).
+template <typename W, typename MT, typename VT, bool kZeros = false>
 __device__ __forceinline__ void apply8(const AdamWParams& a, int64_t i0, const float (&g)[8], float (&w)[8],
                                        float (&m)[8], float (&v)[8]) {
   uint32_t rnd[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -68,7 +69,7 @@ __device__ __forceinline__ void apply8(const AdamWParams& a, int64_t i0, const f
     for (int j = 0; j < 8; ++j) rnd[j] = am::random_half(r, j);
   }
   uint16_t wb[8];
-  am::update8(a.k, g, m, v, w);
+  am::update8<kZeros>(a.k, g, m, v, w);
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     if constexpr (std::is_same_v<W, uint16_t>) {
@@ -244,7 +245,7 @@ struct AdamWEpilogue {
         widen8(cur.w[u], wf);
         widen8(cur.m[u], mf);
         widen8(cur.v[u], vf);
-        apply8<W, MT, VT>(a, at(idx), gf, wf, mf, vf);
+        apply8<W, MT, VT, true>(a, at(idx), gf, wf, mf, vf);
       }
       cur = next;
 #pragma unroll
@@ -299,7 +300,7 @@ struct AdamWEpilogue {
           widen8(cur.w[u], wf);
           widen8(cur.m[u], mf);
           widen8(cur.v[u], vf);
-          apply8<W, MT, VT>(a, e0 + (vi + u * stride) * 8, gf, wf, mf, vf);
+          apply8<W, MT, VT, true>(a, e0 + (vi + u * stride) * 8, gf, wf, mf, vf);
         }
         cur = next;
       }
