@@ -274,7 +274,7 @@ int main(int argc, char** argv) {
   // variant: 0 = default, 4 = the other walk depth, 8 = first batch fetched after the mainloop
   const std::vector<int> all_vars = {0, 4, 8, 12};
   const std::vector<int> time_vars = {0, 4, 8, 12};
-  if (part != "shapes" && part != "tiny" && part != "skew") {
+  if (part != "shapes" && part != "tiny" && part != "skew" && part != "skewprof" && part != "skewloop") {
     std::vector<Prob> edges;
     edges.push_back(make("uneven", {0, 1, 1000, 0, 64, 65, 128, 129, 255, 257, 3, 0}, 2300, 264, 200));
     edges.push_back(make("empty+tail", {0, 300, 1, 0, 130}, 500, 200, 136));
@@ -296,6 +296,58 @@ int main(int argc, char** argv) {
         }
       release(p);
     }
+  }
+  if (part == "skewprof" || part == "skewloop") {
+    // One fused gate_up launch (all-bf16, sr) per case, for Nsight Compute (skewprof), or each case
+    // looped for about 2 s (skewloop, for clock / power sampling beside it): uniform routing, the proxy's
+    // routing with random moments, the same with the idle experts' moments 0.
+    std::vector<int64_t> skew(128);
+    {
+      std::vector<int> rank(128);
+      for (int e = 0; e < 128; ++e) rank[e] = e;
+      std::mt19937 rng(5);
+      std::shuffle(rank.begin(), rank.end(), rng);
+      for (int e = 0; e < 128; ++e) skew[e] = rank[e] < 4 ? 4096 : rank[e] < 68 ? 256 : 0;
+    }
+    for (int c = 0; c < 3; ++c) {
+      Prob p = make("gate_up", c == 0 ? routed(4096, 8, 128, 42) : skew, 32768, 2048, 1536);
+      const int64_t n = (int64_t)p.E * p.M * p.K;
+      State st = alloc_state(kAllBf16, n);
+      init_state(kAllBf16, n, st, 7);
+      if (c == 2) zero_moments(p, kAllBf16, st, false);
+      double* part_;
+      CK(cudaMalloc(&part_, gwd::dw_adamw_tiles(p.E, p.K, p.M, true) * 8));
+      Opt o{am::make_consts(1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 1.0f), true, 99, 3};
+      const gwd::DwAdamWArgs a = args_for(kAllBf16, st, nullptr, o);
+      const char* name[3] = {"uniform", "skew, random moments", "skew, idle moments 0"};
+      CK(cudaDeviceSynchronize());
+      if (part == "skewprof") {
+        gwd::dispatch_dw_adamw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, a, part_, 0);
+        CK(cudaDeviceSynchronize());
+        std::printf("launched: %s\n", name[c]);
+      } else {
+        std::printf("%-22s medians of 23 launches each (3 warm-up), in order:", name[c]);
+        for (int r = 0; r < 6; ++r)
+          std::printf(" %.3f", time_ms([&] {
+            gwd::dispatch_dw_adamw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, a, part_, 0); }, 20));
+        std::printf("\n");
+#ifdef MT_DW_OLD
+        moetrain::cuda::gwd_old::DwAdamWArgs ao;
+        std::memcpy(&ao, &a, sizeof ao);
+        std::printf("%-22s old kernel, alternating with the new:", name[c]);
+        for (int r = 0; r < 4; ++r)
+          std::printf(" old %.3f new %.3f", time_ms([&] {
+            moetrain::cuda::gwd_old::dispatch_dw_adamw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, ao, part_, 0); }, 20),
+            time_ms([&] { gwd::dispatch_dw_adamw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, a, part_, 0); }, 20));
+        std::printf("\n");
+#endif
+        std::fflush(stdout);
+      }
+      free_state(st);
+      CK(cudaFree(part_));
+      release(p);
+    }
+    return 0;
   }
   if (part == "skew") {  // fused vs separate kernels as the routing gets less even (gate_up, all-bf16)
     for (double alpha : {0.0, 0.5, 1.0, -1.0}) {

@@ -311,13 +311,14 @@ __device__ __forceinline__ void empty_tile_sums(const Params& p, const int32_t* 
 // staged tile to p.c), kWalk (the consumers call walk() on the complete staged tile before releasing
 // it), Pending (what a consumer thread loads ahead for its walk: fetch() issues those loads, before
 // the tile's mainloop when kEarly, else after it), kWalkEmpty (the consumers call walk_empty() on
-// each tile of an expert without rows in their tile sequence: no mainloop, no staging) and
-// empty_experts() (consumers, after the main loop).
+// each tile of an expert without rows in their tile sequence: no mainloop, no staging; it may fetch
+// the first loads of the consumer's next tile when that one is idle too, into the Pending it is
+// handed, and returns whether it did) and empty_experts() (consumers, after the main loop).
 struct StoreEpilogue {
   static constexpr bool kStore = true, kWalk = false, kEarly = false, kWalkEmpty = false;
   struct Pending {};
   template <int BN, typename DwT>
-  __device__ void walk_empty(const Params&, const Tile&, int) const {}
+  __device__ bool walk_empty(const Params&, const Tile&, int, Pending&, bool, bool, const Tile) const { return false; }
   template <int BN>
   __device__ void fetch(const Params&, const Tile&, int, Pending&) const {}
   template <int BN, typename DwT, int kPitch>
@@ -437,6 +438,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint32_t phase = 0, rphase = 0, cit = 0;
   float acc[BN / 2];
   typename Epi::Pending pend;
+  bool ahead = false;  // kWalkEmpty: pend holds this idle tile's first batch (the previous idle tile fetched it)
   const bool solo = !Epi::kStore && !p.accumulate;  // no store warps (they returned above)
   // with kWalkEmpty the consumers also visit the tiles of experts without rows (the producer and the
   // store warps skip them), so that this work is spread over the CTAs like the rest
@@ -445,7 +447,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     const Tile x = decode<BN, BK>(p, s_off, t);
     if constexpr (Epi::kWalkEmpty) {
       if (x.ksteps == 0) {
-        epi.template walk_empty<BN, DwT>(p, x, ctid);
+        const Tile nx = t + stride < total ? decode<BN, BK>(p, s_off, t + stride) : x;
+        const bool nidle = t + stride < total && nx.ksteps == 0;
+        ahead = epi.template walk_empty<BN, DwT>(p, x, ctid, pend, ahead, nidle, nx);
         continue;
       }
     }

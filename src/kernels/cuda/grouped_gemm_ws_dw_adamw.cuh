@@ -206,23 +206,28 @@ struct AdamWEpilogue {
   // A tile of an expert without rows (an untrained router leaves half of them idle in deeper
   // layers): g = prior or 0, the same vectors and order as walk(), U vectors' loads in flight. The
   // consumers visit these tiles in their own tile sequence (kWalkEmpty), which spreads them evenly.
+  // q: the tile's first w, m, v batch when `ahead` (the previous idle tile fetched it), else fetched
+  // here. nxt: the consumer's next tile; when it is idle too (has_next), its first batch is fetched
+  // during this tile's last batch, into q, and the return value says so. That keeps loads in flight
+  // across a run of idle tiles instead of waiting for each tile's first batch.
   template <int BN, typename GT>
-  __device__ void walk_empty(const Params& p, const Tile& x, int ctid) const {
+  __device__ __forceinline__ bool walk_empty(const Params& p, const Tile& x, int ctid, Pending& q, bool ahead,
+                                             bool has_next, const Tile nxt) const {
     using GS = GStore<GT>;
     constexpr int kVR = BN / 8;
     const WalkGeom g = walk_geom<BN>(p, x);
     const GS* prior = p.accumulate ? static_cast<const GS*>(p.c) : nullptr;
     auto in = [&](int idx) { return idx < g.nvec && idx % kVR < g.nvr; };
     auto at = [&](int idx) { return g.gbase + static_cast<int64_t>(idx / kVR) * g.cj + (idx % kVR) * 8; };
-    auto fetch_prior = [&](int first, Raw8<GS> (&q)[U]) {
+    auto fetch_prior = [&](int first, Raw8<GS> (&r)[U]) {
 #pragma unroll
       for (int u = 0; u < U; ++u)
-        if (prior && in(first + 256 * u)) q[u] = ld8(prior + at(first + 256 * u));
+        if (prior && in(first + 256 * u)) r[u] = ld8(prior + at(first + 256 * u));
     };
-    Pending cur;
     Raw8<GS> pc[U];
-    fetch_batch<BN, W, MT, VT, U>(a, g, ctid, cur);
+    if (!ahead) fetch_batch<BN, W, MT, VT, U>(a, g, ctid, q);
     fetch_prior(ctid, pc);
+    bool next_ahead = false;
 #pragma unroll 1
     for (int b = ctid; b < g.nvec; b += 256 * U) {
       Pending next;
@@ -230,6 +235,9 @@ struct AdamWEpilogue {
       if (b + 256 * U < g.nvec) {
         fetch_batch<BN, W, MT, VT, U>(a, g, b + 256 * U, next);
         fetch_prior(b + 256 * U, pn);
+      } else if (has_next) {
+        fetch_batch<BN, W, MT, VT, U>(a, walk_geom<BN>(p, nxt), ctid, next);
+        next_ahead = true;
       }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
@@ -242,15 +250,16 @@ struct AdamWEpilogue {
 #pragma unroll
           for (int j = 0; j < 8; ++j) gf[j] = 0.0f;
         }
-        widen8(cur.w[u], wf);
-        widen8(cur.m[u], mf);
-        widen8(cur.v[u], vf);
+        widen8(q.w[u], wf);
+        widen8(q.m[u], mf);
+        widen8(q.v[u], vf);
         apply8<W, MT, VT, true>(a, at(idx), gf, wf, mf, vf);
       }
-      cur = next;
+      q = next;
 #pragma unroll
       for (int u = 0; u < U; ++u) pc[u] = pn[u];
     }
+    return next_ahead;
   }
   // Experts without rows when !kWalkEmpty (f32 state): after the main loop, every CTA takes a
   // grid-strided share of each one's vectors, U of them in flight ahead of the ones being updated.
