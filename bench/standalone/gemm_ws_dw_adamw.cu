@@ -344,6 +344,11 @@ int main(int argc, char** argv) {
         for (int r = 0; r < 6; ++r)
           std::printf(" %.3f", time_ms([&] {
             gwd::dispatch_dw_adamw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, a, part_, 0); }, 20));
+        std::printf("\n%-22s without the per-tile sums of squares, alternating with them:", name[c]);
+        for (int r = 0; r < 3; ++r)
+          std::printf(" none %.3f sums %.3f", time_ms([&] {
+            gwd::dispatch_dw_adamw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, a, nullptr, 0); }, 20),
+            time_ms([&] { gwd::dispatch_dw_adamw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, a, part_, 0); }, 20));
         std::printf("\n");
 #ifdef MT_DW_OLD
         moetrain::cuda::gwd_old::DwAdamWArgs ao;
