@@ -193,7 +193,8 @@ void run_unfused(Context& ctx, const Prob& p, const Conf& cf, const State& s, vo
 }
 
 // zeros: 0 = random moments, 1 = the idle experts' moments 0, 2 = every moment 0, 3 = the idle
-// experts' m tiny (normal * 1e-25), 4 = their m about 1e-39 (subnormal; some quotients subnormal).
+// experts' m tiny (normal * 1e-25), 4 = their m about 1e-39 (subnormal; some quotients subnormal),
+// 5 = about 3e-40 (mostly quotients below 2^-125).
 bool check(Context& ctx, const Prob& p, const Conf& cf, bool acc, bool sr, bool with_ss, std::vector<int> variants,
            int zeros = 0) {
   const int64_t n = (int64_t)p.E * p.M * p.K, gb = n * (cf.g16 ? 2 : 4);
@@ -202,7 +203,7 @@ bool check(Context& ctx, const Prob& p, const Conf& cf, bool acc, bool sr, bool 
   State s0 = alloc_state(cf, n), sr_ = alloc_state(cf, n), sf = alloc_state(cf, n);
   init_state(cf, n, s0, 100 + p.M);
   if (zeros == 1 || zeros == 2) zero_moments(p, cf, s0, zeros == 2);
-  if (zeros >= 3) tiny_moments(p, cf, s0, zeros == 3 ? 1e-25f : 1e-39f);
+  if (zeros >= 3) tiny_moments(p, cf, s0, zeros == 3 ? 1e-25f : zeros == 4 ? 1e-39f : 3e-40f);
   void *grad, *prior = nullptr, *prior0 = nullptr;
   double *pr, *pf;
   CK(cudaMalloc(&grad, gb));
@@ -302,7 +303,7 @@ int main(int argc, char** argv) {
         }
       check(ctx, p, kAllBf16, false, true, false, {0});
       check(ctx, p, kDefault, true, false, false, {0});
-      for (int z : {1, 2, 3, 4})  // exact zeros or tiny m in the moments (the idle experts' fast path)
+      for (int z : {1, 2, 3, 4, 5})  // exact zeros or tiny m in the moments (the idle experts' fast path)
         for (const Conf* cf : {&kAllBf16, &kDefault, &kMixed}) {
           check(ctx, p, *cf, false, true, true, {0}, z);
           check(ctx, p, *cf, true, true, true, {0}, z);
@@ -322,18 +323,20 @@ int main(int argc, char** argv) {
       std::shuffle(rank.begin(), rank.end(), rng);
       for (int e = 0; e < 128; ++e) skew[e] = rank[e] < 4 ? 4096 : rank[e] < 68 ? 256 : 0;
     }
-    for (int c = 0; c < 4; ++c) {
+    for (int c = 0; c < 5; ++c) {
       Prob p = make("gate_up", c == 0 ? routed(4096, 8, 128, 42) : skew, 32768, 2048, 1536);
       const int64_t n = (int64_t)p.E * p.M * p.K;
       State st = alloc_state(kAllBf16, n);
       init_state(kAllBf16, n, st, 7);
       if (c == 2) zero_moments(p, kAllBf16, st, false);
       if (c == 3) tiny_moments(p, kAllBf16, st, 1e-25f);
+      if (c == 4) tiny_moments(p, kAllBf16, st, 3e-40f);
       double* part_;
       CK(cudaMalloc(&part_, gwd::dw_adamw_tiles(p.E, p.K, p.M, true) * 8));
       Opt o{am::make_consts(1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 1.0f), true, 99, 3};
       const gwd::DwAdamWArgs a = args_for(kAllBf16, st, nullptr, o);
-      const char* name[4] = {"uniform", "skew, random moments", "skew, idle moments 0", "skew, idle m ~1e-25"};
+      const char* name[5] = {"uniform", "skew, random moments", "skew, idle moments 0", "skew, idle m ~1e-25",
+                             "skew, idle m ~3e-40"};
       CK(cudaDeviceSynchronize());
       if (part == "skewprof") {
         gwd::dispatch_dw_adamw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, a, part_, 0);
@@ -389,7 +392,7 @@ int main(int argc, char** argv) {
       const int64_t mx = *std::max_element(counts.begin(), counts.end()), mn = *std::min_element(counts.begin(), counts.end());
       Prob p = make("gate_up", counts, 32768, 2048, 1536);
       if (alpha < 0) {  // bits against the separate kernels with 60 idle experts (= and += / prior)
-        for (int z : {0, 1, 3, 4}) {
+        for (int z : {0, 1, 3, 4, 5}) {
           check(ctx, p, kAllBf16, false, true, true, {0}, z);
           check(ctx, p, kAllBf16, false, false, true, {0}, z);
           check(ctx, p, kDefault, true, false, true, {0}, z);

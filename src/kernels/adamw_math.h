@@ -122,8 +122,9 @@ __device__ __forceinline__ float div_fast(float a, float b) {
 // finite denominator is that zero, so both are selected exactly instead of redone. Without it a zero
 // v or m (an expert that has not had a row yet: its moments stay exactly 0, step after step) sends
 // all 8 elements of a vector through update() one after the other, with the slow paths of the
-// IEEE square root and divide. The selects cost about 6 instructions per element, so only the walks
-// of experts without rows use it (they are where the zeros are).
+// IEEE square root and divide. It also keeps tiny numerators (m decayed over many idle steps) on
+// the fast path. The selects cost about 12 instructions per element, so only the walks of experts
+// without rows use it (they are where the zeros and the decayed moments are).
 template <bool kZeros = false>
 __device__ __forceinline__ void update8(const Consts& c, const float (&grad)[8], float (&m)[8], float (&v)[8],
                                         float (&w)[8]) {
@@ -144,16 +145,35 @@ __device__ __forceinline__ void update8(const Consts& c, const float (&grad)[8],
     }
     const float denom = add(mul(s, c.inv_sqrt_bc2), c.eps);
     const float a = mul(m[j], c.inv_bc1);
-    float q = div_fast(a, denom);
+    const float wdw = mul(c.wd, w[j]);
+    float q;
     if constexpr (kZeros) {
-      const bool za = a == 0.0f;  // exact when denom is positive and finite: bits in [1, 0x7f7fffff]
-      ok = ok && (za ? __float_as_uint(denom) - 1u < 0x7f7fffffu : div_fast_ok(a, denom));
-      q = za ? a : q;
+      // a = 0: q = a, exact when denom is positive and finite (bits in [1, 0x7f7fffff]).
+      // 0 < |a| < 2^-63 (an idle expert's m after a few hundred steps of decay): divide a * 2^100
+      // (exact, and inside div_fast's range for every such float) and scale back, exact when the
+      // scaled quotient is at least 2^-25 (the true one is then a normal float, and rounding commutes
+      // with the power of two). A smaller quotient (below 2^-125) cannot change q + wd w when
+      // |wd w| >= 2^-90 (it is under a quarter of that sum's ulp): q = 0 gives the same bits.
+      const uint32_t ea = (__float_as_uint(a) >> 23) & 0xffu, ed = (__float_as_uint(denom) >> 23) & 0xffu;
+      const bool za = a == 0.0f, tiny = ea < 64u, d_ok = ed - 64u <= 126u;
+      const float qd = div_fast(tiny ? mul(a, 0x1p100f) : a, denom);
+      const bool big = fabsf(qd) >= 0x1p-25f, absorbed = fabsf(wdw) >= 0x1p-90f;
+      if (za) {
+        q = a;
+        ok = ok && __float_as_uint(denom) - 1u < 0x7f7fffffu;
+      } else if (tiny) {
+        q = big ? mul(qd, 0x1p-100f) : 0.0f;
+        ok = ok && d_ok && (big || absorbed);
+      } else {
+        q = qd;
+        ok = ok && d_ok && ea - 64u <= 126u;
+      }
     } else {
+      q = div_fast(a, denom);
       ok = ok && div_fast_ok(a, denom);
     }
     redo |= static_cast<unsigned>(!ok) << j;
-    w[j] = sub(w[j], mul(c.lr, add(q, mul(c.wd, w[j]))));
+    w[j] = sub(w[j], mul(c.lr, add(q, wdw)));
   }
   if (redo) {
 #pragma unroll
