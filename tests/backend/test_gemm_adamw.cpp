@@ -44,23 +44,25 @@ struct Precision {
 };
 
 void run_case(const std::vector<int32_t>& counts, int64_t spare_rows, int64_t K, int64_t M, const Precision& pr,
-              bool with_prior, bool expect_fused, bool zero_moments = false) {
+              bool with_prior, bool expect_fused, int moments = 0) {
   const int64_t E = static_cast<int64_t>(counts.size());
   std::vector<int32_t> off(counts.size() + 1, 0);
   for (size_t e = 0; e < counts.size(); ++e) off[e + 1] = off[e] + counts[e];
   const int64_t N = off.back() + spare_rows;
   const Tensor offsets = Tensor::from_ints(off, {E + 1}).to(Device::cuda(0));
   const std::string tag = std::string(pr.name) + (with_prior ? ", +prior" : ", fresh") +
-                          (zero_moments ? ", zero moments" : "") + ", E" + std::to_string(E) +
+                          (moments == 1 ? ", zero moments" : moments ? ", tiny m" : "") + ", E" + std::to_string(E) +
                           " N" + std::to_string(N) + " K" + std::to_string(K) + " M" + std::to_string(M);
   const Tensor x = gpu_normal({N, K}, DType::kBF16, 1, 0.0f, 1.0f), dy = gpu_normal({N, M}, DType::kBF16, 3, 0.0f, 1.0f);
   const Tensor w0 = gpu_normal({E, M, K}, DType::kBF16, 2, 0.0f, 0.03f);
   const Tensor prior0 = gpu_normal({E, M, K}, pr.grad, 5, 0.0f, 0.5f);
-  // zero_moments: m = v = 0, as before a run's first step and, step after step, for an expert that has
-  // not had a row yet (the fused kernel's exact-zero fast path)
-  const Tensor m0 = zero_moments ? Tensor::zeros({E, M, K}, pr.moments, Device::cuda(0))
-                                 : gpu_normal({E, M, K}, pr.moments, 6, 0.0f, 0.01f);
-  const Tensor v0 = zero_moments ? Tensor::zeros({E, M, K}, pr.moments, Device::cuda(0))
+  // moments 1: m = v = 0, as before a run's first step and, step after step, for an expert that has
+  // not had a row yet (the fused kernel's exact-zero fast path). 2, 3: m tiny (about 1e-25, and about
+  // 3e-40, subnormal), as an expert's m after hundreds of idle steps (the scaled-divide fast path).
+  const float m_std = moments == 2 ? 1e-25f : moments == 3 ? 3e-40f : 0.01f;
+  const Tensor m0 = moments == 1 ? Tensor::zeros({E, M, K}, pr.moments, Device::cuda(0))
+                                 : gpu_normal({E, M, K}, pr.moments, 6, 0.0f, m_std);
+  const Tensor v0 = moments == 1 ? Tensor::zeros({E, M, K}, pr.moments, Device::cuda(0))
                                  : gpu_normal({E, M, K}, pr.moments, 7, 0.02f, 0.005f);  // v stays positive
   Tensor master0;
   if (pr.separate_master) {
@@ -137,7 +139,11 @@ TEST(Backend, GroupedMatmulBackwardAdamWModelWidths) {
     for (const bool prior : {false, true}) run_case(counts, 40, 768, 2048, pr, prior, hopper);
   run_case(counts, 40, 2048, 1536, kPrecisions[0], false, hopper);
   run_case(counts, 40, 2048, 1536, kPrecisions[2], true, hopper);
-  for (const Precision& pr : kPrecisions) run_case(counts, 40, 768, 2048, pr, false, hopper, true);
+  for (const Precision& pr : kPrecisions) run_case(counts, 40, 768, 2048, pr, false, hopper, 1);
+  for (const int tiny : {2, 3}) {
+    run_case(counts, 40, 768, 2048, kPrecisions[0], false, hopper, tiny);
+    run_case(counts, 40, 768, 2048, kPrecisions[2], false, hopper, tiny);
+  }
 }
 
 TEST(Backend, GroupedMatmulBackwardAdamWSmallShapes) {
@@ -146,7 +152,7 @@ TEST(Backend, GroupedMatmulBackwardAdamWSmallShapes) {
     for (const bool prior : {false, true}) {
       run_case({0, 37, 0, 130, 5}, 3, 200, 136, pr, prior, false);
       run_case({64, 0, 0}, 0, 72, 24, pr, prior, false);
-      run_case({0, 37, 0, 130, 5}, 3, 200, 136, pr, prior, false, true);
+      for (const int moments : {1, 2, 3}) run_case({0, 37, 0, 130, 5}, 3, 200, 136, pr, prior, false, moments);
     }
 }
 
