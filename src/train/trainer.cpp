@@ -573,11 +573,14 @@ TrainResult Trainer::run() {
               accum_ * cfg_.training.micro_batch_size, cfg_.training.seq_length, accum_, cfg_.training.micro_batch_size,
               step_, cfg_.training.train_iters);
 
+  // The stop handler goes in before the starting validation: that validation writes the first line
+  // of metrics.jsonl, and a SIGTERM that arrived after it but before the handler killed the run
+  // (exit 143, no checkpoint). A signal from here on is honoured after the next step.
+  std::optional<StopSignal> stop;
+  if (cfg_.training.exit_signal_handler) stop.emplace();
   // Validation of the starting model, so the curve shows where it began (for DPO: accuracy ~0.5,
   // policy == reference).
   if (step_ == 0 && cfg_.training.eval_interval > 0) evaluate_(0);
-  std::optional<StopSignal> stop;
-  if (cfg_.training.exit_signal_handler) stop.emplace();
   int64_t last_saved = step_ > 0 ? step_ : -1, last_eval = -1;
   while (step_ < cfg_.training.train_iters) {
     const int64_t step = step_ + 1;
