@@ -58,7 +58,7 @@ namespace am = adamw_math;
 
 // New m, v, w of 8 consecutive elements from flat index i0 (a multiple of 8): the vector body of
 // adamw_kernel, the same operations in the same order. kZeros: am::update8's fast path for exact zeros
-// (the experts without rows, whose moments are often exactly 0).
+// and tiny first moments (the experts without rows, whose moments are often 0 or decayed).
 template <typename W, typename MT, typename VT, bool kZeros = false>
 __device__ __forceinline__ void apply8(const AdamWParams& a, int64_t i0, const float (&g)[8], float (&w)[8],
                                        float (&m)[8], float (&v)[8]) {
