@@ -5,7 +5,8 @@
 # then prints tests/gpu/perf_table.py's ratio table last. Bundle: tests/gpu/stage_perf.sh (GPU_BIN,
 # default gpu-bin-perf/, or gpu-bin-gs/ of stage_session.sh). Every step runs under `timeout` and a
 # failed one is skipped. Env: BUDGET_S (520: later steps are skipped once it is spent),
-# MT_BENCH_SET ("k=v k=v": an extra seq-4096 run with these --set overrides), SKIP_OURS, SKIP_TORCH,
+# MT_BENCH_SET ("k=v k=v": extra seq-4096, seq-8192 and micro-batch-2 runs with these --set overrides,
+# the last two beside torch.compile at the same shapes), SKIP_OURS, SKIP_TORCH,
 # SKIP_COMPILE, SKIP_KERNELS, SKIP_DENSE, SKIP_8192, SKIP_MBS2 (=1 skips), ONLY (comma list of step
 # names, e.g. ONLY=torch_s4096_mbs1_compile). Results: $OUT/perf_table.txt, $OUT/perf_results.json,
 # $OUT/perf_logs.tar.gz (logs and every JSON).
@@ -91,6 +92,12 @@ if (( ${#sets[@]} )) && on ours_s4096_mbs1_set SKIP_OURS; then
 fi
 if on ours_s8192_mbs1 SKIP_OURS SKIP_8192; then ours ours_s8192_mbs1 150 --layers 2,4 --seq 8192 --mbs 1; fi
 if on ours_s4096_mbs2 SKIP_OURS SKIP_MBS2; then ours ours_s4096_mbs2 150 --layers 2,4 --seq 4096 --mbs 2; fi
+if (( ${#sets[@]} )) && on ours_s8192_mbs1_set SKIP_OURS SKIP_8192; then
+  ours ours_s8192_mbs1_set 150 --layers 2,4 --seq 8192 --mbs 1 "${sets[@]}"
+fi
+if (( ${#sets[@]} )) && on ours_s4096_mbs2_set SKIP_OURS SKIP_MBS2; then
+  ours ours_s4096_mbs2_set 150 --layers 2,4 --seq 4096 --mbs 2 "${sets[@]}"
+fi
 if on ours_kernels SKIP_OURS SKIP_KERNELS; then ours ours_kernels 150 --kernels --no-steps --seq 4096; fi
 if on ours_dense06 SKIP_OURS SKIP_DENSE; then
   ours ours_dense06 150 --model qwen3-0.6b --layers 28 --seq 4096 --mbs 4
@@ -107,6 +114,12 @@ if on torch_dense06 SKIP_TORCH SKIP_DENSE; then
 fi
 if on torch_s4096_mbs1_compile SKIP_TORCH SKIP_COMPILE; then
   torch_run torch_s4096_mbs1_compile 600 IMPLS=grouped_mm+compile SEQ=4096 MBS=1
+fi
+if on torch_s8192_mbs1_compile SKIP_TORCH SKIP_COMPILE SKIP_8192; then
+  torch_run torch_s8192_mbs1_compile 600 IMPLS=grouped_mm+compile SEQ=8192 MBS=1
+fi
+if on torch_s4096_mbs2_compile SKIP_TORCH SKIP_COMPILE SKIP_MBS2; then
+  torch_run torch_s4096_mbs2_compile 600 IMPLS=grouped_mm+compile SEQ=4096 MBS=2
 fi
 
 python3 tests/gpu/perf_table.py "$res" --json "$out/perf_results.json" > "$out/perf_table.txt" 2>&1
