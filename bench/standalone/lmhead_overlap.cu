@@ -3,7 +3,8 @@
 // FLOPs) when the two run on two streams? Both only read the chunk's dlogits, so the loss head could
 // issue them concurrently without a second chunk buffer. cuBLAS as ops::matmul calls it.
 // Build: nvcc -O3 -std=c++17 -arch=sm_90a bench/standalone/lmhead_overlap.cu -lcublas -o lmhead_overlap
-// Usage: lmhead_overlap [reps]
+// Usage: lmhead_overlap [reps]. Each size also runs the pair with cublasSetSmCountTarget splits (dW on
+// the side stream gets sw SMs, dh the rest): round 15, docs/performance.md.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -98,18 +99,33 @@ int main(int argc, char** argv) {
       CB(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, (int)H, (int)V, (int)n, &one, x, CUDA_R_16BF, (int)H, dl,
                       CUDA_R_16BF, (int)V, &one, dw, CUDA_R_32F, (int)H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     };
+    CB(cublasSetSmCountTarget(h0, 0));
+    CB(cublasSetSmCountTarget(h1, 0));
     const float a = median_ms([&] { dh_gemm(h0); }, reps);
     const float b = median_ms([&] { dw_gemm(h0); }, reps);
     const float s = median_ms([&] { dh_gemm(h0); dw_gemm(h0); }, reps);
-    const float c = median_ms([&] {
+    auto both = [&] {
       CK(cudaEventRecord(fork, 0));
       CK(cudaStreamWaitEvent(side, fork, 0));
       dw_gemm(h1);
       dh_gemm(h0);
       CK(cudaEventRecord(join, side));
       CK(cudaStreamWaitEvent(0, join, 0));
-    }, reps);
+    };
+    const float c = median_ms(both, reps);
     std::printf("| %lld | %.3f | %.3f | %.3f | %.3f | %.3f |\n", (long long)n, a, b, s, c, s - c);
+    // The same pair with each handle's SM count target set (cublasSetSmCountTarget): dW on `side`
+    // gets sw SMs, dh on the main stream the rest, so the DRAM-bound dW can run beside the dh.
+    int sms = 0;
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    for (int sw : {33, 44, 52, 66, 80}) {
+      CB(cublasSetSmCountTarget(h1, sw));
+      CB(cublasSetSmCountTarget(h0, sms - sw));
+      const float dwa = median_ms([&] { dw_gemm(h1); CK(cudaStreamSynchronize(side)); }, reps);
+      const float dha = median_ms([&] { dh_gemm(h0); }, reps);
+      const float cc = median_ms(both, reps);
+      std::printf("|   sm split dW %d / dh %d | dh %.3f | dW %.3f | | %.3f | %.3f |\n", sw, sms - sw, dha, dwa, cc, s - cc);
+    }
   }
   return 0;
 }
