@@ -11,7 +11,6 @@
 #include "kernels/adamw_math.h"
 #include "kernels/cuda/adamw_kernel.cuh"
 #include "kernels/cuda/grouped_gemm_ws_dw.cuh"
-#include "kernels/cuda/grouped_gemm_ws_dw_pp.cuh"
 
 namespace moetrain::cuda::gwd {
 
@@ -150,16 +149,14 @@ struct WalkGeom {
   int64_t gbase, cj;
   int nvec, nvr;
 };
-// kRows: the tile's rows (a warpgroup's 64-row half in the ping-pong kernel); none past M.
-template <int BN, int kRows = kBM>
+template <int BN>
 __device__ __forceinline__ WalkGeom walk_geom(const Params& p, const Tile& x) {
-  const int rows = static_cast<int>(p.ci - x.i0 < kRows ? p.ci - x.i0 : kRows);
+  const int rows = static_cast<int>(p.ci - x.i0 < kBM ? p.ci - x.i0 : kBM);
   const int nvr = static_cast<int>((p.cj - x.j0 * BN < BN ? p.cj - x.j0 * BN : BN) / 8);
   return {(x.e * p.ci + x.i0) * p.cj + x.j0 * BN, p.cj, rows * (BN / 8), nvr};
 }
 
-// The raw w, m, v words of U vectors (first + kT u; kT walking threads) a consumer thread loads ahead
-// of their g.
+// The raw w, m, v words of U vectors (first + 256 u) a consumer thread loads ahead of their g.
 template <typename W, typename MT, typename VT, int U>
 struct Batch {
   Raw8<W> w[U];
@@ -167,12 +164,12 @@ struct Batch {
   Raw8<VT> v[U];
 };
 
-template <int BN, typename W, typename MT, typename VT, int U, int kT = 256>
+template <int BN, typename W, typename MT, typename VT, int U>
 __device__ __forceinline__ void fetch_batch(const AdamWParams& a, const WalkGeom& g, int first, Batch<W, MT, VT, U>& q) {
   constexpr int kVR = BN / 8;
 #pragma unroll
   for (int u = 0; u < U; ++u) {
-    const int idx = first + kT * u, c = idx % kVR;
+    const int idx = first + 256 * u, c = idx % kVR;
     if (idx < g.nvec && c < g.nvr) {
       const int64_t gi = g.gbase + static_cast<int64_t>(idx / kVR) * g.cj + c * 8;
       q.w[u] = ld8g(static_cast<const W*>(a.w) + gi);
@@ -183,14 +180,14 @@ __device__ __forceinline__ void fetch_batch(const AdamWParams& a, const WalkGeom
 }
 
 // AdamW of the batch's vectors from their staged g (the tile row-major at kPitch bytes per row).
-template <int BN, typename GT, int kPitch, typename W, typename MT, typename VT, int U, int kT = 256>
+template <int BN, typename GT, int kPitch, typename W, typename MT, typename VT, int U>
 __device__ __forceinline__ void apply_batch(const AdamWParams& a, const unsigned char* tile, const WalkGeom& g,
                                             int first, const Batch<W, MT, VT, U>& q) {
   constexpr int kVR = BN / 8;
   using GS = GStore<GT>;
 #pragma unroll
   for (int u = 0; u < U; ++u) {
-    const int idx = first + kT * u, c = idx % kVR;
+    const int idx = first + 256 * u, c = idx % kVR;
     if (idx >= g.nvec || c >= g.nvr) continue;
     float gf[8], wf[8], mf[8], vf[8];
     widen8(ld8(reinterpret_cast<const GS*>(tile + (idx / kVR) * kPitch) + c * 8), gf);
@@ -212,19 +209,18 @@ struct AdamWEpilogue {
   static constexpr bool kStore = false, kWalk = true, kEarly = Early, kWalkEmpty = sizeof(W) == 2;
   using Pending = Batch<W, MT, VT, U>;
   AdamWParams a;
-  // kT threads walk a tile of kRows rows (the defaults: both consumer warpgroups, 128-row tiles).
-  template <int BN, int kT = 256, int kRows = kBM>
+  template <int BN>
   __device__ void fetch(const Params& p, const Tile& x, int ctid, Pending& q) const {
-    fetch_batch<BN, W, MT, VT, U, kT>(a, walk_geom<BN, kRows>(p, x), ctid, q);
+    fetch_batch<BN, W, MT, VT, U>(a, walk_geom<BN>(p, x), ctid, q);
   }
-  template <int BN, typename GT, int kPitch, int kT = 256, int kRows = kBM>
+  template <int BN, typename GT, int kPitch>
   __device__ void walk(const Params& p, const Tile& x, const unsigned char* tile, int ctid, Pending& q) const {
-    const WalkGeom g = walk_geom<BN, kRows>(p, x);
+    const WalkGeom g = walk_geom<BN>(p, x);
 #pragma unroll 1
-    for (int b = ctid; b < g.nvec; b += kT * U) {
+    for (int b = ctid; b < g.nvec; b += 256 * U) {
       Pending next;
-      if (b + kT * U < g.nvec) fetch_batch<BN, W, MT, VT, U, kT>(a, g, b + kT * U, next);
-      apply_batch<BN, GT, kPitch, W, MT, VT, U, kT>(a, tile, g, b, q);
+      if (b + 256 * U < g.nvec) fetch_batch<BN, W, MT, VT, U>(a, g, b + 256 * U, next);
+      apply_batch<BN, GT, kPitch, W, MT, VT, U>(a, tile, g, b, q);
       q = next;
     }
   }
@@ -235,38 +231,38 @@ struct AdamWEpilogue {
   // here. nxt: the consumer's next tile; when it is idle too (has_next), its first batch is fetched
   // during this tile's last batch, into q, and the return value says so. That keeps loads in flight
   // across a run of idle tiles instead of waiting for each tile's first batch.
-  template <int BN, typename GT, int kT = 256, int kRows = kBM>
+  template <int BN, typename GT>
   __device__ __forceinline__ bool walk_empty(const Params& p, const Tile& x, int ctid, Pending& q, bool ahead,
                                              bool has_next, const Tile nxt) const {
     using GS = GStore<GT>;
     constexpr int kVR = BN / 8;
-    const WalkGeom g = walk_geom<BN, kRows>(p, x);
+    const WalkGeom g = walk_geom<BN>(p, x);
     const GS* prior = p.accumulate ? static_cast<const GS*>(p.c) : nullptr;
     auto in = [&](int idx) { return idx < g.nvec && idx % kVR < g.nvr; };
     auto at = [&](int idx) { return g.gbase + static_cast<int64_t>(idx / kVR) * g.cj + (idx % kVR) * 8; };
     auto fetch_prior = [&](int first, Raw8<GS> (&r)[U]) {
 #pragma unroll
       for (int u = 0; u < U; ++u)
-        if (prior && in(first + kT * u)) r[u] = ld8g(prior + at(first + kT * u));
+        if (prior && in(first + 256 * u)) r[u] = ld8g(prior + at(first + 256 * u));
     };
     Raw8<GS> pc[U];
-    if (!ahead) fetch_batch<BN, W, MT, VT, U, kT>(a, g, ctid, q);
+    if (!ahead) fetch_batch<BN, W, MT, VT, U>(a, g, ctid, q);
     fetch_prior(ctid, pc);
     bool next_ahead = false;
 #pragma unroll 1
-    for (int b = ctid; b < g.nvec; b += kT * U) {
+    for (int b = ctid; b < g.nvec; b += 256 * U) {
       Pending next;
       Raw8<GS> pn[U];
-      if (b + kT * U < g.nvec) {
-        fetch_batch<BN, W, MT, VT, U, kT>(a, g, b + kT * U, next);
-        fetch_prior(b + kT * U, pn);
+      if (b + 256 * U < g.nvec) {
+        fetch_batch<BN, W, MT, VT, U>(a, g, b + 256 * U, next);
+        fetch_prior(b + 256 * U, pn);
       } else if (has_next) {
-        fetch_batch<BN, W, MT, VT, U, kT>(a, walk_geom<BN, kRows>(p, nxt), ctid, next);
+        fetch_batch<BN, W, MT, VT, U>(a, walk_geom<BN>(p, nxt), ctid, next);
         next_ahead = true;
       }
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        const int idx = b + kT * u;
+        const int idx = b + 256 * u;
         if (!in(idx)) continue;
         float gf[8], wf[8], mf[8], vf[8];
         if (prior) {
@@ -359,23 +355,6 @@ void launch(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, int
   launch_dw_kernel<BN, GT, BK>(ctx, x, dy, N, K, M, p, epi, dw_sm_count(ctx), "grouped_matmul_backward_adamw");
 }
 
-// The ping-pong kernel (grouped_gemm_ws_dw_pp.cuh): all-bf16, no prior gradient.
-template <int BN, int BK, int U>
-void launch_pp(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, int E, int64_t N, int64_t K, int64_t M,
-               const DwAdamWArgs& args, double* partial) {
-  const Params p = dw_params<BN>(off, E, K, M, nullptr, false, partial);
-  AdamWEpilogue<uint16_t, uint16_t, uint16_t, U, true> epi{};
-  epi.a.w = args.master;
-  epi.a.m = args.m;
-  epi.a.v = args.v;
-  epi.a.comp = static_cast<uint16_t*>(args.compute);
-  epi.a.k = args.k;
-  epi.a.key = args.key;
-  epi.a.counter = args.counter;
-  epi.a.sr = args.sr ? 1 : 0;
-  launch_dw_pp_kernel<BN, bf16, BK>(ctx, x, dy, N, K, M, p, epi, dw_sm_count(ctx), "grouped_matmul_backward_adamw");
-}
-
 inline bool aligned16(const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15u) == 0; }
 
 }  // namespace dwa
@@ -405,12 +384,9 @@ inline bool dw_adamw_supported(const Context& ctx, int E, int64_t N, int64_t K, 
 inline bool dispatch_dw_adamw(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, int E, int64_t N,
                               int64_t K, int64_t M, const DwAdamWArgs& a, double* partial, int variant = 0) {
   if (!dw_adamw_supported(ctx, E, N, K, M, a)) return false;
-  const int alt = (variant >> 2) & 1, early = !((variant >> 3) & 1), pingpong = (variant >> 4) & 1;
+  const int alt = (variant >> 2) & 1, early = !((variant >> 3) & 1);
   using u16 = uint16_t;
-  if (pingpong && a.grad_bf16 && a.master_bf16 && a.prior == nullptr) {
-    if (alt) dwa::launch_pp<256, 32, 4>(ctx, x, dy, off, E, N, K, M, a, partial);
-    else dwa::launch_pp<256, 32, 2>(ctx, x, dy, off, E, N, K, M, a, partial);
-  } else if (a.grad_bf16 && a.master_bf16) {
+  if (a.grad_bf16 && a.master_bf16) {
     if (alt && early) dwa::launch<256, bf16, 64, u16, u16, u16, 4, true>(ctx, x, dy, off, E, N, K, M, a, partial);
     else if (alt) dwa::launch<256, bf16, 64, u16, u16, u16, 4>(ctx, x, dy, off, E, N, K, M, a, partial);
     else if (early) dwa::launch<256, bf16, 64, u16, u16, u16, 2, true>(ctx, x, dy, off, E, N, K, M, a, partial);
