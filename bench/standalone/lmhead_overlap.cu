@@ -115,14 +115,16 @@ int main(int argc, char** argv) {
     const float c = median_ms(both, reps);
     std::printf("| %lld | %.3f | %.3f | %.3f | %.3f | %.3f |\n", (long long)n, a, b, s, c, s - c);
     // The same pair with each handle's SM count target set (cublasSetSmCountTarget): dW on `side`
-    // gets sw SMs, dh on the main stream the rest, so the DRAM-bound dW can run beside the dh.
+    // gets sw SMs, dh on the main stream the rest, so that the dW, bound by its read-modify-write,
+    // could run beside the FLOP-bound dh. Each GEMM is first timed alone at its share.
     int sms = 0;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     for (int sw : {33, 44, 52, 66, 80}) {
-      CB(cublasSetSmCountTarget(h1, sw));
+      CB(cublasSetSmCountTarget(h0, sw));
+      const float dwa = median_ms([&] { dw_gemm(h0); }, reps);
       CB(cublasSetSmCountTarget(h0, sms - sw));
-      const float dwa = median_ms([&] { dw_gemm(h1); CK(cudaStreamSynchronize(side)); }, reps);
       const float dha = median_ms([&] { dh_gemm(h0); }, reps);
+      CB(cublasSetSmCountTarget(h1, sw));
       const float cc = median_ms(both, reps);
       std::printf("|   sm split dW %d / dh %d | dh %.3f | dW %.3f | | %.3f | %.3f |\n", sw, sms - sw, dha, dwa, cc, s - cc);
     }
