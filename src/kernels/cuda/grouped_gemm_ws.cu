@@ -510,15 +510,21 @@ void launch(Context& ctx, const bf16* a, const bf16* w, const int32_t* off, int 
   check_launch(op);
 }
 
+// Variant 0 (the default) picks per shape. A dx whose reduction is at least twice its output width
+// (Qwen3-30B-A3B's down projection: M 2048, K 768) re-reads W[e] from L2 most, and 2-CTA clusters
+// that multicast it were 4-5% faster there at even routing (0.272 against 0.283-0.288 ms on the H100;
+// equal at the proxy's skewed routing) and slower on every other expert shape (docs/performance.md,
+// round 15). Everything else: cooperative 128 x 256 tiles on single CTAs.
 template <int kMode>
 void dispatch(Context& ctx, const bf16* a, const bf16* w, const int32_t* off, int E, int64_t N, int64_t K, int64_t M,
               bf16* out, int variant, const char* op) {
+  if (variant == 0) variant = kMode == kDx && M >= 2 * K ? 2 : 1;
   switch (variant) {
     case 2: launch<kMode, kCoop, 2>(ctx, a, w, off, E, N, K, M, out, op); break;
     case 3: launch<kMode, kPing, 1>(ctx, a, w, off, E, N, K, M, out, op); break;
     case 4: launch<kMode, kPing, 2>(ctx, a, w, off, E, N, K, M, out, op); break;
     case 5: launch<kMode, kCoop, 1>(ctx, a, w, off, E, N, K, M, out, op, 1); break;
-    default: launch<kMode, kCoop, 1>(ctx, a, w, off, E, N, K, M, out, op); break;  // fastest measured
+    default: launch<kMode, kCoop, 1>(ctx, a, w, off, E, N, K, M, out, op); break;
   }
 }
 
