@@ -496,12 +496,14 @@ void launch(Context& ctx, const bf16* a, const bf16* w, const int32_t* off, int 
   // fewer when there are fewer units (bound: N / rows + E row blocks per column tile).
   int64_t slots = sm_count(ctx) / kCluster;
   if constexpr (kCluster > 1) {
-    static int fit = 0;
-    if (fit <= 0) {
+    static int fit = -1;  // queried once per process
+    if (fit < 0) {
       cfg.gridDim = dim3(static_cast<unsigned>(slots * kCluster), 1, 1);
       MT_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&fit, kernel, &cfg));
     }
-    if (fit > 0 && fit < slots) slots = fit;
+    // No cluster fits (a partitioned or constrained GPU): the single-CTA kernel, same results.
+    if (fit <= 0) return launch<kMode, kSched, 1>(ctx, a, w, off, E, N, K, M, out, op, order);
+    if (fit < slots) slots = fit;
   }
   const int64_t bound = (N / (C::kRows * kCluster) + E) * p.ncol;
   const int64_t clusters = bound < slots ? (bound > 0 ? bound : 1) : slots;
