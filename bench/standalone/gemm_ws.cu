@@ -22,7 +22,6 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/grouped_gemm_wgmma.cuh"
 #include "kernels/cuda/grouped_gemm_ws.cuh"
-#include "kernels/cuda/swiglu_value.cuh"
 
 using moetrain::Context;
 using bf16 = __nv_bfloat16;
@@ -253,68 +252,6 @@ void check(Context& ctx, int im, bool dx, Problem& p, const std::vector<int64_t>
   CK(cudaFree(dref));
 }
 
-// h = silu(gu[:, :I]) * gu[:, I:] with swiglu_value, as elementwise.cu's swiglu kernels compute it.
-__global__ void swiglu_ref_kernel(const bf16* gu, bf16* h, int64_t rows, int64_t inter) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < rows * inter; i += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t r = i / inter, c = i - r * inter;
-    h[i] = __float2bfloat16_rn(mc::swiglu_value(__bfloat162float(gu[r * 2 * inter + c]),
-                                                __bfloat162float(gu[r * 2 * inter + inter + c])));
-  }
-}
-// The same on 16-byte vectors (elementwise.cu's swiglu_fwd_vec_kernel): the separate path's timing.
-__global__ void swiglu_vec_kernel(const bf16* gu, bf16* h, int64_t rows, int64_t inter) {
-  const int64_t iv = inter / 8, n = rows * iv;
-  for (int64_t v = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; v < n; v += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t r = v / iv, c = (v - r * iv) * 8;
-    const uint4 graw = *reinterpret_cast<const uint4*>(gu + r * 2 * inter + c);
-    const uint4 uraw = *reinterpret_cast<const uint4*>(gu + r * 2 * inter + inter + c);
-    const bf16* ge = reinterpret_cast<const bf16*>(&graw);
-    const bf16* ue = reinterpret_cast<const bf16*>(&uraw);
-    uint4 out;
-    bf16* oe = reinterpret_cast<bf16*>(&out);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) oe[j] = __float2bfloat16_rn(mc::swiglu_value(__bfloat162float(ge[j]), __bfloat162float(ue[j])));
-    *reinterpret_cast<uint4*>(h + r * inter + c) = out;
-  }
-}
-__global__ void count_diff_kernel(const uint16_t* a, const uint16_t* b, int64_t n, unsigned long long* cnt) {
-  unsigned long long c = 0;
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-    c += a[i] != b[i];
-  atomicAdd(cnt, c);
-}
-unsigned long long count_diff(const bf16* a, const bf16* b, int64_t n) {
-  unsigned long long* d;
-  CK(cudaMalloc(&d, 8));
-  CK(cudaMemset(d, 0, 8));
-  count_diff_kernel<<<1024, 256>>>(reinterpret_cast<const uint16_t*>(a), reinterpret_cast<const uint16_t*>(b), n, d);
-  unsigned long long h = 0;
-  CK(cudaMemcpy(&h, d, 8, cudaMemcpyDeviceToHost));
-  CK(cudaFree(d));
-  return h;
-}
-// The fused gate_up + SwiGLU forward against ws-coop's gu and the SwiGLU of it: every element of gu
-// and h bit for bit (outputs NaN-poisoned first).
-void check_glu(Context& ctx, Problem& p, const char* tag) {
-  const int64_t I = p.M / 2;
-  bf16 *h, *href;
-  CK(cudaMalloc(&h, p.N * I * 2 + 16));
-  CK(cudaMalloc(&href, p.N * I * 2 + 16));
-  mc::grouped_gemm_ws_forward(ctx, p.x, p.w, p.doff, p.E, p.N, p.K, p.M, p.out, 1);
-  swiglu_ref_kernel<<<1024, 256>>>(p.out, href, p.N, I);
-  CK(cudaMemset(p.out2, 0xff, p.N * p.M * 2));
-  CK(cudaMemset(h, 0xff, p.N * I * 2));
-  mc::grouped_gemm_ws_forward_swiglu(ctx, p.x, p.w, p.doff, p.E, p.N, p.K, p.M, p.out2, h);
-  CK(cudaDeviceSynchronize());
-  const unsigned long long dg = count_diff(p.out2, p.out, p.N * p.M), dh = count_diff(h, href, p.N * I);
-  const bool ok = dg == 0 && dh == 0;
-  if (!ok) ++g_fail;
-  std::printf("  %-44s gu %llu / h %llu elements differ %s\n", (std::string(tag) + " glu vs ws-coop + swiglu").c_str(),
-              dg, dh, ok ? "ok" : "FAIL");
-  CK(cudaFree(h));
-  CK(cudaFree(href));
-}
-
 template <typename F>
 double median_ms(F fn, int reps) {
   cudaEvent_t a, b;
@@ -378,19 +315,7 @@ int main(int argc, char** argv) {
       {"many", {3, 0, 70, 1, 0, 0, 129, 64, 65, 2, 0, 33, 7, 0, 90, 5, 0, 0, 0, 11,
                 200, 1, 0, 64, 63, 0, 8, 0, 300, 4, 0, 0, 17, 0, 128, 9, 0, 1, 0, 50}, 1700, 136, 200},
   };
-  const std::vector<Edge> glu_edges = {
-      {"glu-uneven", {0, 1, 1000, 0, 64, 65, 128, 129, 255, 257, 3, 0}, 2000, 256, 512},
-      {"glu-tail", {0, 300, 1, 0, 130}, 500, 200, 256},
-      {"glu-all-tail", {0, 0, 0}, 40, 64, 256},
-  };
   uint64_t seed = 100;
-  for (const Edge& ed : glu_edges) {
-    if (part == "shapes") break;
-    Problem p = from_counts(ed.counts, ed.N, ed.K, ed.M);
-    p.alloc(seed += 10);
-    check_glu(ctx, p, ed.tag);
-    p.release();
-  }
   for (const Edge& ed : edges) {
     if (part == "shapes") break;
     Problem p = from_counts(ed.counts, ed.N, ed.K, ed.M);
@@ -435,26 +360,6 @@ int main(int argc, char** argv) {
     }
     CK(cudaFree(old));
     const double f = 2.0 * p.N * p.K * p.M;
-    if (std::strstr(s.name, "gate_up")) {  // the fused SwiGLU against ws-coop + the SwiGLU kernel
-      check_glu(ctx, p, s.name);
-      bf16* h;
-      CK(cudaMalloc(&h, p.N * p.M));
-      for (int rep2 = 0; rep2 < 2; ++rep2) {
-        const double sep = median_ms([&] {
-          mc::grouped_gemm_ws_forward(ctx, p.x, p.w, p.doff, p.E, p.N, p.K, p.M, p.out, 1);
-          swiglu_vec_kernel<<<(p.N * p.M / 16 + 255) / 256, 256>>>(p.out, h, p.N, p.M / 2);
-        }, reps);
-        const double fused = median_ms([&] {
-          mc::grouped_gemm_ws_forward_swiglu(ctx, p.x, p.w, p.doff, p.E, p.N, p.K, p.M, p.out2, h);
-        }, reps);
-        char b[200];
-        std::snprintf(b, sizeof b, "| %-20s | %-4s | %-11s | %8.3f | %6.0f |", s.name, "fwd", "coop+swiglu", sep, f / sep / 1e9);
-        table.push_back(b);
-        std::snprintf(b, sizeof b, "| %-20s | %-4s | %-11s | %8.3f | %6.0f |", s.name, "fwd", "glu-fused", fused, f / fused / 1e9);
-        table.push_back(b);
-      }
-      CK(cudaFree(h));
-    }
     for (bool dx : {false, true})
       for (int im : {0, 1, 2, 3, 4, 5, 0, 1}) {  // wgmma and ws-coop twice: the spread of one version
         const double ms = median_ms([&] { run(ctx, im, dx, p); }, reps);

@@ -13,7 +13,6 @@
 #include "kernels/cuda/grouped_gemm_ws.cuh"
 #include "kernels/cuda/grouped_gemm_ws_dw.cuh"
 #include "kernels/cuda/mma_sm80.cuh"
-#include "kernels/cuda/swiglu_value.cuh"
 #include "kernels/cuda/wgmma_sm90.cuh"
 
 namespace moetrain::cuda {
@@ -22,10 +21,7 @@ namespace gws {
 
 using bf16 = __nv_bfloat16;
 constexpr int kBN = 256, kBK = 64, kMaxE = 1024, kThreads = 384;
-// kFwdGlu: the gate_up forward with SwiGLU in the epilogue. Column tile j multiplies W rows [128 j,
-// +128) (gate) and [I + 128 j, +128) (up) as one 256-wide tile, so each thread holds matching gate
-// and up values; it stores both halves of gu and h = silu(gate) * up.
-enum Mode : int { kFwd = 0, kDx = 1, kFwdGlu = 2 };
+enum Mode : int { kFwd = 0, kDx = 1 };
 // kCoop: both consumer warpgroups share one 128 x 256 tile (64 rows each). kPing: each warpgroup
 // takes every other 64 x 256 tile, so one's epilogue overlaps the other's mainloop.
 enum Sched : int { kCoop = 0, kPing = 1 };
@@ -62,8 +58,6 @@ struct Params {
   int order;   // units inside an expert: 0 = (column tile, row block), 1 = (row block, column tile)
   int ksteps;  // ceil(reduction / kBK)
   int64_t N, cols;
-  bf16* h;    // kFwdGlu: [N, inter]
-  int inter;  // kFwdGlu: I (a multiple of 128); cols = 2 I
 };
 
 // ---- PTX helpers (sm_90a) ---------------------------------------------------------------------
@@ -184,11 +178,7 @@ __device__ __forceinline__ Unit decode(const Params& p, const int32_t* s_off, co
 // then thread t < 64 bulk-copies row t when r0 + t < rend, clipped to the output's columns: rows of
 // the next expert are never written. Thread t owns staging row t for every store, so its wait for
 // the previous store's read, then the warpgroup barrier `bar`, make the tile free again.
-// kGlu (kFwdGlu): staging columns 0-127 are gate columns 128 j.. of gu and 128-255 are up columns
-// I + 128 j..: two bulk copies per row. Then each thread writes h = silu(gate) * up of its own
-// fragments (gate in acc[4 i..], up in acc[4 (i + 16)..], i < 16) from the bf16-rounded values gu
-// holds, two columns per 4-byte store.
-template <int kPitch, bool kGlu = false>
+template <int kPitch>
 __device__ __forceinline__ void store_rows(const Params& p, uint32_t stg, int bar, int r0, int rend, int j,
                                            const float (&acc)[128]) {
   const int wtid = threadIdx.x & 127, lane = threadIdx.x & 31, q = lane >> 3;
@@ -203,28 +193,7 @@ __device__ __forceinline__ void store_rows(const Params& p, uint32_t stg, int ba
                     mma::pack_bf16(acc[4 * i + 6], acc[4 * i + 7]));
   wg::fence_proxy_async();  // generic-proxy writes, read next by the bulk copy engine
   named_sync(bar);
-  if constexpr (kGlu) {
-    if (wtid < 64 && r0 + wtid < rend) {
-      bf16* row = p.c + static_cast<int64_t>(r0 + wtid) * p.cols + j * 128;
-      wg::bulk_store(row, stg + wtid * kPitch, 256);
-      wg::bulk_store(row + p.inter, stg + wtid * kPitch + 256, 256);
-      wg::bulk_commit();
-    }
-    const int r = r0 + (wtid >> 5) * 16 + (lane >> 2);
-    bf16* h0 = p.h + static_cast<int64_t>(r) * p.inter + j * 128 + 2 * (lane & 3);
-#pragma unroll
-    for (int i = 0; i < 16; ++i)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        if (r + 8 * half >= rend) continue;
-        const float g0 = __bfloat162float(__float2bfloat16_rn(acc[4 * i + 2 * half]));
-        const float g1 = __bfloat162float(__float2bfloat16_rn(acc[4 * i + 2 * half + 1]));
-        const float u0 = __bfloat162float(__float2bfloat16_rn(acc[4 * (i + 16) + 2 * half]));
-        const float u1 = __bfloat162float(__float2bfloat16_rn(acc[4 * (i + 16) + 2 * half + 1]));
-        *reinterpret_cast<uint32_t*>(h0 + static_cast<int64_t>(8 * half) * p.inter + 8 * i) =
-            mma::pack_bf16(swiglu_value(g0, u0), swiglu_value(g1, u1));
-      }
-  } else if (wtid < 64 && r0 + wtid < rend) {
+  if (wtid < 64 && r0 + wtid < rend) {
     const int64_t c0 = static_cast<int64_t>(j) * kBN;
     const int64_t ncols = p.cols - c0 < kBN ? p.cols - c0 : kBN;
     wg::bulk_store(p.c + static_cast<int64_t>(r0 + wtid) * p.cols + c0, stg + wtid * kPitch,
@@ -302,11 +271,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // boxes (the MN-major blocks). With clusters each CTA issues its half and multicasts it. Boxes
       // wholly past the last column are skipped: those columns are never stored.
       auto for_each_b = [&](const Unit& x, int k, auto&& fn) {
-        if constexpr (kMode == kFwdGlu) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-            if (kCluster == 1 || h == rank) fn(h * 16384, k * kBK, h * p.inter + x.j * 128);
-        } else if constexpr (kMode == kFwd) {
+        if constexpr (kMode == kFwd) {
 #pragma unroll
           for (int h = 0; h < 2; ++h)
             if ((kCluster == 1 || h == rank) && x.j * kBN + h * 128 < p.cols) fn(h * 16384, k * kBK, x.j * kBN + h * 128);
@@ -319,10 +284,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       // Bytes that land in this CTA's stage: A (unless it has no rows) and every W box of the cluster.
       auto stage_bytes = [&](const Unit& x) {
         const int64_t left = p.cols - static_cast<int64_t>(x.j) * kBN;
-        const int boxes = kMode == kFwdGlu ? 2
-                          : kMode == kFwd ? (left > 128 ? 2 : 1)
-                                          : static_cast<int>(left >= 256 ? 4 : (left + 63) / 64);
-        return static_cast<uint32_t>((x.rb < x.re ? C::kABytes : 0) + boxes * (C::kBBytes / (kMode != kDx ? 2 : 4)));
+        const int boxes = kMode == kFwd ? (left > 128 ? 2 : 1) : static_cast<int>(left >= 256 ? 4 : (left + 63) / 64);
+        return static_cast<uint32_t>((x.rb < x.re ? C::kABytes : 0) + boxes * (C::kBBytes / (kMode == kFwd ? 2 : 4)));
       };
       int stage = 0;
       uint32_t phase = 0;
@@ -395,9 +358,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int kk = 0; kk < kBK / 16; ++kk) {
           const uint64_t da = wg::smem_desc(sa + kk * 32, 16, 1024);
-          const uint64_t db = kMode != kDx ? wg::smem_desc(sb + kk * 32, 16, 1024)
+          const uint64_t db = kMode == kFwd ? wg::smem_desc(sb + kk * 32, 16, 1024)
                                             : wg::smem_desc(sb + kk * 2048, 8192, 1024);
-          wg::wgmma_m64n256k16<0, kMode != kDx ? 0 : 1>(acc, da, db, (k > 0 || kk > 0) ? 1 : 0);
+          wg::wgmma_m64n256k16<0, kMode == kFwd ? 0 : 1>(acc, da, db, (k > 0 || kk > 0) ? 1 : 0);
         }
         wg::wgmma_commit();
       };
@@ -420,8 +383,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         wg::wgmma_wait<0>();
         wg::fence_regs(acc);
         release(prev);
-        store_rows<C::kPitch, kMode == kFwdGlu>(p, base + C::kEpiOff + cw * 64 * C::kPitch, 1 + cw, r0, re,
-                                                  __shfl_sync(0xffffffffu, x.j, 0), acc);
+        store_rows<C::kPitch>(p, base + C::kEpiOff + cw * 64 * C::kPitch, 1 + cw, r0, re,
+                              __shfl_sync(0xffffffffu, x.j, 0), acc);
       } else {  // no rows for this warpgroup: pass the stages on
         for (int k = 0; k < p.ksteps; ++k) {
           wg::mbar_wait(full0 + 8 * stage, phase);
@@ -439,11 +402,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int64_t nthr = static_cast<int64_t>(gridDim.x) * 256;
       for (int64_t v = static_cast<int64_t>(blockIdx.x) * 256 + (tid - 128); v < vecs; v += nthr)
         c[v] = make_uint4(0, 0, 0, 0);
-      if constexpr (kMode == kFwdGlu) {  // and h, as swiglu_forward of those zero rows would
-        uint4* h = reinterpret_cast<uint4*>(p.h + r0 * p.inter);
-        for (int64_t v = static_cast<int64_t>(blockIdx.x) * 256 + (tid - 128); v < vecs / 2; v += nthr)
-          h[v] = make_uint4(0, 0, 0, 0);
-      }
     }
   }
   // No CTA may leave while its peer can still multicast into it or arrive on its barriers.
@@ -498,9 +456,9 @@ int sm_count(const Context& ctx) {
 // = K, red = M).
 template <int kMode, int kSched, int kCluster>
 void launch(Context& ctx, const bf16* a, const bf16* w, const int32_t* off, int E, int64_t N, int64_t K, int64_t M,
-            bf16* out, const char* op, int order = 0, bf16* h = nullptr) {
+            bf16* out, const char* op, int order = 0) {
   using C = Cfg<kSched, kCluster>;
-  const int64_t red = kMode != kDx ? K : M, cols = kMode != kDx ? M : K;
+  const int64_t red = kMode == kFwd ? K : M, cols = kMode == kFwd ? M : K;
   if (N <= 0) return;
   const cuuint64_t da[2] = {static_cast<cuuint64_t>(red), static_cast<cuuint64_t>(N)};
   const cuuint64_t sa[1] = {static_cast<cuuint64_t>(red) * 2};
@@ -509,19 +467,17 @@ void launch(Context& ctx, const bf16* a, const bf16* w, const int32_t* off, int 
   const cuuint64_t db[3] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(M), static_cast<cuuint64_t>(E)};
   const cuuint64_t sb[2] = {static_cast<cuuint64_t>(K) * 2, static_cast<cuuint64_t>(M * K) * 2};
   const cuuint32_t bfwd[3] = {kBK, 128, 1}, bdx[3] = {64, kBK, 1};
-  const CUtensorMap map_b = make_map(w, 3, db, sb, kMode != kDx ? bfwd : bdx);
+  const CUtensorMap map_b = make_map(w, 3, db, sb, kMode == kFwd ? bfwd : bdx);
 
   Params p{};
   p.off = off;
   p.c = out;
   p.E = E;
-  p.ncol = static_cast<int>(kMode == kFwdGlu ? cols / kBN : (cols + kBN - 1) / kBN);
+  p.ncol = static_cast<int>((cols + kBN - 1) / kBN);
   p.order = order;
   p.ksteps = static_cast<int>((red + kBK - 1) / kBK);
   p.N = N;
   p.cols = cols;
-  p.h = h;
-  p.inter = static_cast<int>(cols / 2);
 
   auto kernel = gmm_ws_kernel<kMode, kSched, kCluster>;
   MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
@@ -586,16 +542,6 @@ bool grouped_gemm_ws_supported(const Context& ctx, int64_t N, int64_t K, int64_t
 void grouped_gemm_ws_forward(Context& ctx, const __nv_bfloat16* x, const __nv_bfloat16* w, const int32_t* off,
                              int E, int64_t N, int64_t K, int64_t M, __nv_bfloat16* y, int variant) {
   gws::dispatch<gws::kFwd>(ctx, x, w, off, E, N, K, M, y, variant, "grouped_matmul");
-}
-
-bool grouped_gemm_ws_swiglu_supported(const Context& ctx, int64_t N, int64_t K, int64_t M, int64_t E, const void* x,
-                                      const void* w, const void* gu, const void* h) {
-  return grouped_gemm_ws_supported(ctx, N, K, M, E, x, w, gu) && M % 256 == 0 && gws::aligned16(h);
-}
-
-void grouped_gemm_ws_forward_swiglu(Context& ctx, const __nv_bfloat16* x, const __nv_bfloat16* w, const int32_t* off,
-                                    int E, int64_t N, int64_t K, int64_t M, __nv_bfloat16* gu, __nv_bfloat16* h) {
-  gws::launch<gws::kFwdGlu, gws::kCoop, 1>(ctx, x, w, off, E, N, K, M, gu, "grouped_matmul_swiglu", 0, h);
 }
 
 void grouped_gemm_ws_dx(Context& ctx, const __nv_bfloat16* dy, const __nv_bfloat16* w, const int32_t* off, int E,

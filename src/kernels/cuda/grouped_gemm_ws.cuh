@@ -21,13 +21,6 @@ bool grouped_gemm_ws_supported(const Context& ctx, int64_t N, int64_t K, int64_t
 // units of an expert ordered (row block, column tile).
 void grouped_gemm_ws_forward(Context& ctx, const __nv_bfloat16* x, const __nv_bfloat16* w, const int32_t* off,
                              int E, int64_t N, int64_t K, int64_t M, __nv_bfloat16* y, int variant = 0);
-// The gate_up forward with SwiGLU in the epilogue: gu[N, M] = x W[e]^T as grouped_gemm_ws_forward
-// gives it (the same bits) and h[N, M / 2] = silu(gu[:, :M/2]) * gu[:, M/2:] as swiglu_forward gives
-// it from gu. Needs M % 256 == 0 (I a multiple of 128) and a 16-byte aligned h.
-bool grouped_gemm_ws_swiglu_supported(const Context& ctx, int64_t N, int64_t K, int64_t M, int64_t E, const void* x,
-                                      const void* w, const void* gu, const void* h);
-void grouped_gemm_ws_forward_swiglu(Context& ctx, const __nv_bfloat16* x, const __nv_bfloat16* w, const int32_t* off,
-                                    int E, int64_t N, int64_t K, int64_t M, __nv_bfloat16* gu, __nv_bfloat16* h);
 // dx[N, K] = dy[N, M] W[e][M, K]; rows past offsets[E] are zeroed. variant as above.
 void grouped_gemm_ws_dx(Context& ctx, const __nv_bfloat16* dy, const __nv_bfloat16* w, const int32_t* off, int E,
                         int64_t N, int64_t K, int64_t M, __nv_bfloat16* dx, int variant = 0);
