@@ -288,6 +288,14 @@ int main(int argc, char** argv) {
   const std::string part = argc > 2 ? argv[2] : "all";  // "edges", "shapes" or "all"
   std::vector<std::string> table;
 
+  if (part == "profdown") {  // one down dx of ws-coop and ws-coop-c2 at even routing, for ncu
+    Problem p = routed(4096, 8, 128, 768, 2048, 42);
+    p.alloc(7);
+    for (int im : {1, 2}) run(ctx, im, true, p);
+    CK(cudaDeviceSynchronize());
+    p.release();
+    return 0;
+  }
   if (part == "prof") {  // one gate_up fwd and dx of each kernel, for ncu
     for (bool skew : {false, true}) {
       Problem p = skew ? skewed(2048, 1536) : routed(4096, 8, 128, 2048, 1536, 42);
