@@ -141,8 +141,8 @@ def rel(x, ref):
 
 
 # (label, arch, deterministic, ws forward stages, backward CTAs/SM, descending det order)
-CHECKS = (("sm80", 80, 1, 3, 12, 1), ("ws-det", 90, 1, 2, 12, 1), ("ws-det-c6-s3-asc", 90, 1, 3, 6, 0),
-          ("ws-nondet", 90, 0, 3, 12, 1))
+CHECKS = (("sm80", 80, 1, 3, 12, 1), ("ws-det", 90, 1, 2, 2, 1), ("ws-det-c12-s3-asc", 90, 1, 3, 12, 0),
+          ("ws-nondet", 90, 0, 3, 2, 1))
 
 
 def check_case(name, T, nh, nkv, d, cu_list, log):
@@ -216,16 +216,16 @@ def bench(T, reps, log, rows, doc=None):
         if lk not in libs:
             continue
         lib = libs[lk]
-        lib.knobs(st, 12, 1)
+        lib.knobs(st, 2, 1)
         tf = median_ms(lambda: ours_fwd(arch, q, k, v, cu, scale, fb, lib), reps)
         rows.append((f"{lk}fwd {'ws s' + str(st) if arch == 90 else 'sm80'} {tag}", tf, f))
-    LIB.knobs(3, 12, 1)
+    LIB.knobs(3, 2, 1)
     out, lse = ours_fwd(90, q, k, v, cu, scale)
     bb = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
     # (arch, CTAs/SM, deterministic, descending det order, library)
-    for arch, ctas, det, desc, lk in ((80, 12, 1, 1, ""), (90, 12, 1, 1, ""), (90, 12, 1, 1, "ref "),
-                                      (90, 12, 1, 0, ""), (90, 6, 1, 1, ""), (90, 12, 0, 1, ""), (90, 6, 0, 1, ""),
-                                      (90, 12, 1, 1, ""), (90, 12, 1, 1, "ref ")):
+    for arch, ctas, det, desc, lk in ((80, 12, 1, 1, ""), (90, 2, 1, 1, ""), (90, 2, 1, 1, "ref "),
+                                      (90, 2, 1, 0, ""), (90, 12, 1, 1, ""), (90, 2, 0, 1, ""), (90, 12, 0, 1, ""),
+                                      (90, 2, 1, 1, ""), (90, 2, 1, 1, "ref ")):
         if lk not in libs:
             continue
         lib = libs[lk]
@@ -234,7 +234,7 @@ def bench(T, reps, log, rows, doc=None):
         tb = median_ms(lambda: ours_bwd(arch, q, k, v, cu, scale, out, lse, dout, ws, det, bb, lib), reps)
         name = "sm80 det" if arch == 80 else f"ws c{ctas} {'det' if det else 'nondet'}{'' if desc else ' asc'}"
         rows.append((f"{lk}bwd {name} {tag}", tb, 2.5 * f))
-    LIB.knobs(3, 12, 1)
+    LIB.knobs(3, 2, 1)
     if T == 4096 and doc == T:
         for arch in (80, 90):
             ws = LIB.workspace(arch, q, k)
@@ -277,6 +277,8 @@ def main():
     ap.add_argument("--skip-check", action="store_true")
     ap.add_argument("--skip-bench", action="store_true")
     ap.add_argument("--once", type=int, default=-1, help="profiling: one fwd + det bwd at T 4096 on arch N (80 / 90)")
+    ap.add_argument("--sweep-ctas", default="", help="e.g. 1,2,3,12: time the ws det backward at each "
+                    "bwd_ctas_per_sm knob (it sets the head splits), twice in turn, at T 4096 and 8192")
     args = ap.parse_args()
     LIB = Lib(args.lib)
     REF = Lib(args.ref_lib) if args.ref_lib else None
@@ -290,6 +292,33 @@ def main():
         torch.cuda.synchronize()
         return 0
     log = open(args.log, "w")
+    if args.sweep_ctas:
+        knobs = [int(c) for c in args.sweep_ctas.split(",")]
+        nh, nkv, d = 32, 4, 128
+        for T in (4096, 8192):
+            torch.manual_seed(T)
+            q, dout = (torch.randn(T, nh, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+            k, v = (torch.randn(T, nkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+            cu = torch.tensor([0, T], device="cuda", dtype=torch.int32)
+            scale = 1.0 / math.sqrt(d)
+            LIB.knobs(3, 12, 1)
+            out, lse = ours_fwd(90, q, k, v, cu, scale)
+            ref = ours_bwd(90, q, k, v, cu, scale, out, lse, dout)
+            bb = tuple(torch.empty_like(t) for t in (q, k, v))
+            f = 2.5 * 4.0 * (T * (T + 1) / 2) * d * nh
+            for rnd in range(2):
+                for c in knobs:
+                    LIB.knobs(3, c, 1)
+                    ws = LIB.workspace(90, q, k)
+                    md, mn, mx = median_ms(lambda: ours_bwd(90, q, k, v, cu, scale, out, lse, dout, ws, 1, bb), args.reps)
+                    got = ours_bwd(90, q, k, v, cu, scale, out, lse, dout, ws, 1)
+                    errs = max(rel(a, b) for a, b in zip(got, ref))
+                    line = (f"sweep T{T} ctas/SM {c:<3} round {rnd}: {md:.3f} ms (min {mn:.3f}, max {mx:.3f}) "
+                            f"{f / (md * 1e-3) / 1e12:.0f} TFLOP/s, rel diff to c12 {errs:.1e}")
+                    print(line, flush=True)
+                    log.write(line + "\n")
+        LIB.knobs(3, 2, 1)
+        return 0
     print(torch.cuda.get_device_name(0), torch.__version__, f"ref: {args.ref_lib or '-'}", flush=True)
     ok = True
     if not args.skip_check:

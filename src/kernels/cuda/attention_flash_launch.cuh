@@ -23,7 +23,7 @@ enum class Arch { kSm80, kSm90 };
 // Knobs of the sm90 path, measured on an H100 / H200 (bench/standalone/attn_bench.py varies them).
 struct Sm90Knobs {
   int fwd_stages = 3;         // K / V ring depth of the forward: 3 beat 2 by 2-3% (H100, T 4096 / 8192)
-  int bwd_ctas_per_sm = 12;   // backward head splits aim at this many CTAs per SM: 12 beat 6 by 1.6% at T 8192
+  int bwd_ctas_per_sm = 2;    // backward head splits (from 2 heads per CTA) aim at this many CTAs per SM
   int bwd_det_desc = 1;       // deterministic backward: query tiles backwards, 3-7% faster than forwards
 };
 inline Sm90Knobs& sm90_knobs() {
@@ -119,13 +119,21 @@ inline cudaError_t forward(const FlashAttnProblem& p, bf16* out, float* lse, Arc
 // to the sm80 kernels, in the same workspace.
 inline bool fused_backward(Arch arch) { return arch == Arch::kSm90 && tma_encoder() != nullptr; }
 // Number of head splits of the dK/dV grid: the group's heads are divided over CTAs until the grid
-// has about 4 CTAs per SM (sm80, 64 keys per CTA) or the sm90 knob's count (128 keys per CTA).
+// has about 4 CTAs per SM (sm80, 64 keys per CTA) or the sm90 knob's count (128 keys per CTA). The
+// sm90 grid starts at two heads per CTA (a CTA loads its K/V tile once for both, and there are half
+// the dK/dV partials to sum): at GQA 32/4 that is 4 splits, 0.94-0.97 ms against 1.00-1.02 for 8 at
+// T 4096 and 3.39-3.51 against 3.51-3.70 at T 8192; 2 splits (4 heads) were slower at both (H100,
+// docs/performance.md, round 16).
 inline int64_t backward_splits(const FlashAttnProblem& p, Arch arch, int sm_count) {
   const int64_t keys = fused_backward(arch) ? kWgBM : kKvBN;
   const int64_t kv_tiles = (p.T + keys - 1) / keys, group = p.nh / p.nkv;
   const int per_sm = fused_backward(arch) ? sm90_knobs().bwd_ctas_per_sm : 4;
   const int64_t want = per_sm * std::max(1, sm_count > 0 ? sm_count : 132);
   int64_t splits = 1;
+  if (fused_backward(arch)) {  // the largest divisor of the group that is at most half of it
+    splits = std::max<int64_t>(1, group / 2);
+    while (group % splits) --splits;
+  }
   while (splits < group && kv_tiles * p.nkv * splits < want) {
     int64_t nx = splits + 1;
     while (group % nx) ++nx;
