@@ -631,6 +631,23 @@ void adamw_step(Context& ctx, Tensor& master, const Tensor& grad, Tensor& m, Ten
   MT_DISPATCH(dev, adamw_step, ctx, master, grad, m, v, p, compute);
 }
 
+void adamw_step_many(Context& ctx, std::vector<AdamWTarget>& targets, const std::vector<Tensor>& grads) {
+  const char* op = "adamw_step_many";
+  MT_CHECK(grads.size() == targets.size(), "[{}] {} targets but {} gradients", op, targets.size(), grads.size());
+  if (targets.empty()) return;
+  Device dev = Device::cpu();
+  for (size_t i = 0; i < targets.size(); ++i) {
+    AdamWTarget& t = targets[i];
+    MT_CHECK(grads[i].defined(), "[{}] gradient {} is undefined", op, i);
+    const Device d = device_of(ctx, op, {{t.master, "master"}, {grads[i], "grad"}, {t.m, "m"}, {t.v, "v"},
+                                         {t.compute, "compute"}});
+    MT_CHECK(i == 0 || d == dev, "[{}] target {} is on {}, target 0 on {}", op, i, d.str(), dev.str());
+    dev = d;
+    check_adamw(t.master, grads[i].shape(), grads[i].dtype(), t.m, t.v, t.params, t.compute);
+  }
+  MT_DISPATCH(dev, adamw_step_many, ctx, targets, grads);
+}
+
 void grouped_matmul_backward_adamw(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& offsets,
                                    const Tensor& dy, Tensor& dx, DType grad_dtype, Tensor& grad, bool accumulate,
                                    AdamWTarget& target, Tensor* sum_squares) {

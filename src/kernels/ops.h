@@ -204,6 +204,11 @@ struct AdamWTarget {
   Tensor master, m, v, compute;  // compute: undefined when the weights are their own master
   AdamWParams params;
 };
+// adamw_step for many parameters at once: targets[i] with grads[i], in any order (the updates are
+// independent), the same bits as one adamw_step call each. On CUDA the tensors of one storage-type
+// combination share launches (up to 24 per launch), so a small tensor (a norm's weight) does not
+// pay a kernel launch of its own.
+void adamw_step_many(Context& ctx, std::vector<AdamWTarget>& targets, const std::vector<Tensor>& grads);
 // grouped_matmul_backward whose weight gradient goes straight into AdamW: dx as there, then
 // g = dy_e^T x_e (+ grad when accumulate, summed in f32), rounded to grad_dtype (f32 or bf16) as
 // if stored, and adamw_step(target.master, g, target.m, target.v, target.params, target.compute)

@@ -138,14 +138,24 @@ bool in_list(const std::vector<Tensor>& list, const Tensor& x) {
 
 void AdamW::step(Context& ctx, double lr, double grad_scale, const std::vector<Tensor>& done) {
   ++step_;
+  // One adamw_step_many call (the same bits as one adamw_step per parameter): on the GPU the small
+  // tensors (norm weights, the router) share launches with the large ones.
+  std::vector<ops::AdamWTarget> targets;
+  std::vector<Tensor> grads;
   for (size_t i = 0; i < params_.size(); ++i) {
     if (roles_[i] == ParamRole::kFrozen || in_list(done, params_[i].weight)) continue;
     MT_CHECK(params_[i].grad.defined(), "[adamw] step {}: {} has no gradient buffer, so it must be updated in backward "
              "(optimizer.update_in_backward), but it was not", step_, params_[i].name);
-    const ops::AdamWParams ap = params_for_(ctx, i, lr, grad_scale, step_);
-    Tensor compute = master_[i].storage() == params_[i].weight.storage() ? Tensor() : params_[i].weight;
-    ops::adamw_step(ctx, master_[i], params_[i].grad, m_[i], v_[i], ap, compute);
+    ops::AdamWTarget t;
+    t.master = master_[i];
+    t.m = m_[i];
+    t.v = v_[i];
+    if (master_[i].storage() != params_[i].weight.storage()) t.compute = params_[i].weight;
+    t.params = params_for_(ctx, i, lr, grad_scale, step_);
+    targets.push_back(std::move(t));
+    grads.push_back(params_[i].grad);
   }
+  ops::adamw_step_many(ctx, targets, grads);
 }
 
 std::vector<std::pair<Tensor, ops::AdamWTarget>> AdamW::in_backward_targets(Context& ctx, double lr,

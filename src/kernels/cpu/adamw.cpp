@@ -78,4 +78,11 @@ void adamw_step(Context& ctx, Tensor& master, const Tensor& grad, Tensor& m, Ten
   });
 }
 
+void adamw_step_many(Context& ctx, std::vector<ops::AdamWTarget>& targets, const std::vector<Tensor>& grads) {
+  for (size_t i = 0; i < targets.size(); ++i) {
+    ops::AdamWTarget& t = targets[i];
+    cpu::adamw_step(ctx, t.master, grads[i], t.m, t.v, t.params, t.compute);
+  }
+}
+
 }  // namespace moetrain::cpu

@@ -120,5 +120,6 @@ double cross_entropy(Context& ctx, const Tensor& logits, const Tensor& labels, c
 // ---- adamw.cpp ------------------------------------------------------------------------------
 void adamw_step(Context& ctx, Tensor& master, const Tensor& grad, Tensor& m, Tensor& v,
                 const AdamWParams& p, Tensor& compute);
+void adamw_step_many(Context& ctx, std::vector<ops::AdamWTarget>& targets, const std::vector<Tensor>& grads);
 
 }  // namespace moetrain::cpu

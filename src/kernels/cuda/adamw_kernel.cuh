@@ -77,53 +77,105 @@ __device__ __forceinline__ float store_weight(W* w, int64_t i, float x, bool sr,
   }
 }
 
-// One thread per 8 elements (kVec: every pointer 16-byte aligned; a partial last chunk takes
-// the scalar path) or per element. One Philox call gives the 8 random half-words of a chunk.
+// Chunk c of the update: elements 8c .. 8c + 7 (kVec: every pointer 16-byte aligned; a partial
+// last chunk takes the scalar path) or element c. One Philox call gives the 8 random half-words of
+// a chunk.
+template <typename W, typename G, typename M, typename V, typename C, bool kVec>
+__device__ __forceinline__ void adamw_chunk(W* __restrict__ w, const G* __restrict__ g, M* __restrict__ m,
+                                            V* __restrict__ v, C* __restrict__ comp, int64_t n, const am::Consts& k,
+                                            bool sr, uint64_t key, uint64_t counter, int64_t c) {
+  constexpr int kPer = kVec ? 8 : 1;
+  const int64_t i0 = c * kPer;
+  if (kVec && i0 + 8 <= n) {
+    float wf[8], gf[8], mf[8], vf[8];
+    load8(w + i0, wf);
+    load8(g + i0, gf);
+    load8(m + i0, mf);
+    load8(v + i0, vf);
+    uint32_t rnd[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (std::is_same_v<W, uint16_t> && sr) {
+      const Philox4 r = philox4x32(key, counter, static_cast<uint64_t>(i0) >> 3);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) rnd[j] = am::random_half(r, j);
+    }
+    uint16_t wb[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      am::update(k, gf[j], mf[j], vf[j], wf[j]);  // (update8 measured 3% slower here: more registers)
+      if constexpr (std::is_same_v<W, uint16_t>) {
+        wb[j] = sr ? am::bf16_stochastic(wf[j], rnd[j]) : am::bf16_rne(wf[j]);
+        wf[j] = am::bf16_to_f32(wb[j]);
+      }
+    }
+    store8(m + i0, mf);
+    store8(v + i0, vf);
+    if constexpr (std::is_same_v<W, uint16_t>) store8_bits(w + i0, wb);
+    else store8(w + i0, wf);
+    if (comp) store8(comp + i0, wf);
+  } else {
+    const int64_t end = i0 + kPer < n ? i0 + kPer : n;
+    for (int64_t i = i0; i < end; ++i) {
+      float mi = ld(m, i), vi = ld(v, i), wi = ld(w, i);
+      am::update(k, ld(g, i), mi, vi, wi);
+      st(m, i, mi);
+      st(v, i, vi);
+      const uint32_t r = std::is_same_v<W, uint16_t> && sr ? am::random_word(key, counter, static_cast<uint64_t>(i)) : 0u;
+      const float stored = store_weight(w, i, wi, sr, r);
+      if (comp) st(comp, i, stored);
+    }
+  }
+}
+
+// One tensor: a grid-stride loop over its chunks.
 template <typename W, typename G, typename M, typename V, typename C, bool kVec>
 __global__ void adamw_kernel(W* __restrict__ w, const G* __restrict__ g, M* __restrict__ m, V* __restrict__ v,
                              C* __restrict__ comp, int64_t n, am::Consts k, bool sr, uint64_t key, uint64_t counter) {
-  constexpr int kPer = kVec ? 8 : 1;
-  const int64_t chunks = (n + kPer - 1) / kPer;
-  for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < chunks; c += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t i0 = c * kPer;
-    if (kVec && i0 + 8 <= n) {
-      float wf[8], gf[8], mf[8], vf[8];
-      load8(w + i0, wf);
-      load8(g + i0, gf);
-      load8(m + i0, mf);
-      load8(v + i0, vf);
-      uint32_t rnd[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      if (std::is_same_v<W, uint16_t> && sr) {
-        const Philox4 r = philox4x32(key, counter, static_cast<uint64_t>(i0) >> 3);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) rnd[j] = am::random_half(r, j);
-      }
-      uint16_t wb[8];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        am::update(k, gf[j], mf[j], vf[j], wf[j]);  // (update8 measured 3% slower here: more registers)
-        if constexpr (std::is_same_v<W, uint16_t>) {
-          wb[j] = sr ? am::bf16_stochastic(wf[j], rnd[j]) : am::bf16_rne(wf[j]);
-          wf[j] = am::bf16_to_f32(wb[j]);
-        }
-      }
-      store8(m + i0, mf);
-      store8(v + i0, vf);
-      if constexpr (std::is_same_v<W, uint16_t>) store8_bits(w + i0, wb);
-      else store8(w + i0, wf);
-      if (comp) store8(comp + i0, wf);
-    } else {
-      const int64_t end = i0 + kPer < n ? i0 + kPer : n;
-      for (int64_t i = i0; i < end; ++i) {
-        float mi = ld(m, i), vi = ld(v, i), wi = ld(w, i);
-        am::update(k, ld(g, i), mi, vi, wi);
-        st(m, i, mi);
-        st(v, i, vi);
-        const uint32_t r = std::is_same_v<W, uint16_t> && sr ? am::random_word(key, counter, static_cast<uint64_t>(i)) : 0u;
-        const float stored = store_weight(w, i, wi, sr, r);
-        if (comp) st(comp, i, stored);
-      }
+  const int64_t chunks = kVec ? (n + 7) / 8 : n;
+  for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < chunks; c += (int64_t)gridDim.x * blockDim.x)
+    adamw_chunk<W, G, M, V, C, kVec>(w, g, m, v, comp, n, k, sr, key, counter, c);
+}
+
+// Several tensors of one storage-type combination in one launch (adamw_step_many): their chunks are
+// numbered one after another (job j owns chunks start[j] .. start[j + 1] - 1) and the grid strides
+// over all of them, each chunk computed as adamw_kernel computes it, so the bits are the same. The
+// batch travels as the kernel parameter (under the 4 KB limit).
+struct MultiJob {
+  void* w;
+  const void* g;
+  void* m;
+  void* v;
+  void* comp;  // null: no compute copy
+  int64_t n;
+  am::Consts k;
+  uint64_t key, counter;
+  int sr, vec;
+};
+constexpr int kMultiJobs = 24;
+struct MultiBatch {
+  MultiJob job[kMultiJobs];
+  int64_t start[kMultiJobs + 1];
+  int njobs;
+};
+static_assert(sizeof(MultiBatch) <= 4000, "a MultiBatch must fit the 4 KB kernel parameter space");
+
+template <typename W, typename G, typename M, typename V, typename C>
+__global__ void adamw_multi_kernel(const __grid_constant__ MultiBatch b) {
+  const int64_t total = b.start[b.njobs];
+  for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < total; c += (int64_t)gridDim.x * blockDim.x) {
+    int lo = 0, hi = b.njobs - 1;  // the last job whose first chunk is at most c
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (b.start[mid] <= c) lo = mid; else hi = mid - 1;
     }
+    const MultiJob& j = b.job[lo];
+    W* w = static_cast<W*>(j.w);
+    const G* g = static_cast<const G*>(j.g);
+    M* m = static_cast<M*>(j.m);
+    V* v = static_cast<V*>(j.v);
+    C* comp = static_cast<C*>(j.comp);
+    const int64_t lc = c - b.start[lo];
+    if (j.vec) adamw_chunk<W, G, M, V, C, true>(w, g, m, v, comp, j.n, j.k, j.sr != 0, j.key, j.counter, lc);
+    else adamw_chunk<W, G, M, V, C, false>(w, g, m, v, comp, j.n, j.k, j.sr != 0, j.key, j.counter, lc);
   }
 }
 

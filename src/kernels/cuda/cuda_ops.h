@@ -103,6 +103,7 @@ double cross_entropy(Context& ctx, const Tensor& logits, const Tensor& labels, c
 // ---- AdamW ---------------------------------------------------------------------------------
 void adamw_step(Context& ctx, Tensor& master, const Tensor& grad, Tensor& m, Tensor& v,
                 const AdamWParams& p, Tensor& compute);
+void adamw_step_many(Context& ctx, std::vector<ops::AdamWTarget>& targets, const std::vector<Tensor>& grads);
 // The dx half of grouped_matmul_backward (the same kernels), for grouped_matmul_backward_adamw.
 void grouped_matmul_dx(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& offsets, const Tensor& dy,
                        Tensor& dx);

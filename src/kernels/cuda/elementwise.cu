@@ -3,6 +3,8 @@
 // pair j), SwiGLU forward/backward, the device-side sum-of-squares accumulation (gradient norms
 // without a host read) and the AdamW step (weights, grads, m, v each f32 or bf16; one kernel
 // templated on the storage types, 16-byte vector loads when aligned; bit-identical to the CPU).
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -420,6 +422,87 @@ void adamw_step(Context& ctx, Tensor& master, const Tensor& grad, Tensor& m, Ten
     });
   });
   check_launch(op);
+}
+
+void adamw_step_many(Context& ctx, std::vector<ops::AdamWTarget>& targets, const std::vector<Tensor>& grads) {
+  const char* op = "adamw_step_many";
+  namespace ad = adamw_detail;
+  // Jobs grouped by the storage types of (master, grad, m, v, compute or none): one kernel each.
+  std::vector<std::array<int, 5>> keys;
+  std::vector<std::vector<size_t>> groups;
+  for (size_t i = 0; i < targets.size(); ++i) {
+    ops::AdamWTarget& t = targets[i];
+    const Tensor& g = grads[i];
+    need_cuda(t.master, op, "master");
+    need_cuda(g, op, "grad");
+    need_cuda(t.m, op, "m");
+    need_cuda(t.v, op, "v");
+    const int64_t n = t.master.numel();
+    need_numel(g, n, op, "grad");
+    need_numel(t.m, n, op, "m");
+    need_numel(t.v, n, op, "v");
+    if (t.compute.defined()) {
+      need_cuda(t.compute, op, "compute");
+      need_numel(t.compute, n, op, "compute");
+    }
+    MT_CHECK(t.params.step >= 1, "[adamw_step_many] step is {}, expected >= 1 (1-based for bias correction)",
+             t.params.step);
+    if (!n) continue;
+    const std::array<int, 5> key = {static_cast<int>(t.master.dtype()), static_cast<int>(g.dtype()),
+                                     static_cast<int>(t.m.dtype()), static_cast<int>(t.v.dtype()),
+                                     t.compute.defined() ? static_cast<int>(t.compute.dtype()) : -1};
+    size_t k = 0;
+    while (k < keys.size() && keys[k] != key) ++k;
+    if (k == keys.size()) {
+      keys.push_back(key);
+      groups.emplace_back();
+    }
+    groups[k].push_back(i);
+  }
+  for (const std::vector<size_t>& group : groups) {
+    for (size_t b0 = 0; b0 < group.size(); b0 += ad::kMultiJobs) {
+      ad::MultiBatch b{};
+      b.njobs = static_cast<int>(std::min<size_t>(ad::kMultiJobs, group.size() - b0));
+      for (int q = 0; q < b.njobs; ++q) {
+        ops::AdamWTarget& t = targets[group[b0 + q]];
+        const Tensor& g = grads[group[b0 + q]];
+        const ops::AdamWParams& p = t.params;
+        ad::MultiJob& job = b.job[q];
+        job.w = t.master.data_ptr();
+        job.g = g.data_ptr();
+        job.m = t.m.data_ptr();
+        job.v = t.v.data_ptr();
+        job.comp = t.compute.defined() ? t.compute.data_ptr() : nullptr;
+        job.n = t.master.numel();
+        job.k = am::make_consts(p.lr, p.beta1, p.beta2, p.eps, p.weight_decay, p.step, p.grad_scale);
+        job.key = p.rng.key;
+        job.counter = p.rng.counter;
+        job.sr = p.stochastic_rounding ? 1 : 0;
+        job.vec = aligned16(job.w) && aligned16(job.g) && aligned16(job.m) && aligned16(job.v) &&
+                  (!job.comp || aligned16(job.comp));
+        b.start[q + 1] = b.start[q] + (job.vec ? (job.n + 7) / 8 : job.n);
+      }
+      const int64_t total = b.start[b.njobs];
+      // The storage types of the group, from its first job (the same for all).
+      ops::AdamWTarget& t0 = targets[group[b0]];
+      auto launch = [&](auto* wp, auto* gp, auto* mp, auto* vp, auto* cp) {
+        ad::adamw_multi_kernel<std::remove_pointer_t<decltype(wp)>, std::remove_pointer_t<decltype(gp)>,
+                               std::remove_pointer_t<decltype(mp)>, std::remove_pointer_t<decltype(vp)>,
+                               std::remove_pointer_t<decltype(cp)>><<<grid_for(total), kThreads, 0, stream_of(ctx)>>>(b);
+      };
+      with_storage(t0.master, op, "master", [&](auto* wp) {
+        with_storage(grads[group[b0]], op, "grad", [&](auto* gp) {
+          with_storage(t0.m, op, "m", [&](auto* mp) {
+            with_storage(t0.v, op, "v", [&](auto* vp) {
+              if (!t0.compute.defined()) launch(wp, gp, mp, vp, static_cast<float*>(nullptr));
+              else with_storage(t0.compute, op, "compute", [&](auto* cp) { launch(wp, gp, mp, vp, cp); });
+            });
+          });
+        });
+      });
+      check_launch(op);
+    }
+  }
 }
 
 void add_partials_into(Context& ctx, const double* partial, int64_t n, double* acc) {
