@@ -128,6 +128,16 @@ ops::AdamWParams AdamW::params_for_(Context& ctx, size_t i, double lr, double gr
   return ap;
 }
 
+ops::AdamWTarget AdamW::target_for_(Context& ctx, size_t i, double lr, double grad_scale, int64_t step) const {
+  ops::AdamWTarget t;
+  t.master = master_[i];
+  t.m = m_[i];
+  t.v = v_[i];
+  if (master_[i].storage() != params_[i].weight.storage()) t.compute = params_[i].weight;
+  t.params = params_for_(ctx, i, lr, grad_scale, step);
+  return t;
+}
+
 namespace {
 bool in_list(const std::vector<Tensor>& list, const Tensor& x) {
   for (const Tensor& t : list)
@@ -146,13 +156,7 @@ void AdamW::step(Context& ctx, double lr, double grad_scale, const std::vector<T
     if (roles_[i] == ParamRole::kFrozen || in_list(done, params_[i].weight)) continue;
     MT_CHECK(params_[i].grad.defined(), "[adamw] step {}: {} has no gradient buffer, so it must be updated in backward "
              "(optimizer.update_in_backward), but it was not", step_, params_[i].name);
-    ops::AdamWTarget t;
-    t.master = master_[i];
-    t.m = m_[i];
-    t.v = v_[i];
-    if (master_[i].storage() != params_[i].weight.storage()) t.compute = params_[i].weight;
-    t.params = params_for_(ctx, i, lr, grad_scale, step_);
-    targets.push_back(std::move(t));
+    targets.push_back(target_for_(ctx, i, lr, grad_scale, step_));
     grads.push_back(params_[i].grad);
   }
   ops::adamw_step_many(ctx, targets, grads);
@@ -163,13 +167,7 @@ std::vector<std::pair<Tensor, ops::AdamWTarget>> AdamW::in_backward_targets(Cont
   std::vector<std::pair<Tensor, ops::AdamWTarget>> out;
   for (size_t i = 0; i < params_.size(); ++i) {
     if (roles_[i] == ParamRole::kFrozen || !in_list(weights, params_[i].weight)) continue;
-    ops::AdamWTarget t;
-    t.master = master_[i];
-    t.m = m_[i];
-    t.v = v_[i];
-    if (master_[i].storage() != params_[i].weight.storage()) t.compute = params_[i].weight;
-    t.params = params_for_(ctx, i, lr, 1.0, step_ + 1);
-    out.emplace_back(params_[i].weight, std::move(t));
+    out.emplace_back(params_[i].weight, target_for_(ctx, i, lr, 1.0, step_ + 1));
   }
   return out;
 }

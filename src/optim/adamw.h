@@ -93,6 +93,9 @@ class AdamW {
   std::vector<OptimParam> params_;
   std::vector<ParamRole> roles_;
   ops::AdamWParams params_for_(Context& ctx, size_t i, double lr, double grad_scale, int64_t step) const;
+  // Parameter i's state and settings as adamw_step takes them (compute: its weight when it is not
+  // its own master).
+  ops::AdamWTarget target_for_(Context& ctx, size_t i, double lr, double grad_scale, int64_t step) const;
   std::vector<Tensor> master_, m_, v_;  // undefined for frozen params; master_ may alias the weights
   AdamWConfig cfg_;
   int64_t step_ = 0;

@@ -143,3 +143,48 @@ TEST(AdamW, SeveralStepsMatchDoubleLoop) {
   p.step = 0;
   EXPECT_THROW(ops::adamw_step(ctx, master, tensor(g_seed, {n}), m, v, p, none), Error);
 }
+
+// adamw_step_many on the CPU: the same values as one adamw_step per target (a list of three, one
+// with a bf16 compute copy), and mismatched lists or a bad target rejected before anything runs.
+TEST(AdamW, ManyEqualsOneAtATime) {
+  Context ctx;
+  const int64_t sizes[] = {1001, 7, 64};
+  std::vector<ops::AdamWTarget> many, one;
+  std::vector<Tensor> grads;
+  for (int i = 0; i < 3; ++i) {
+    const int64_t n = sizes[i];
+    const auto w0 = randn(n, 300 + i), g = randn(n, 310 + i);
+    ops::AdamWTarget a, b;
+    a.master = tensor(w0, {n});
+    b.master = tensor(w0, {n});
+    a.m = zeros({n});
+    b.m = zeros({n});
+    a.v = zeros({n});
+    b.v = zeros({n});
+    if (i == 1) {
+      a.compute = Tensor::empty({n}, DType::kBF16);
+      b.compute = Tensor::empty({n}, DType::kBF16);
+    }
+    a.params.lr = b.params.lr = 1e-2f * static_cast<float>(i + 1);
+    a.params.weight_decay = b.params.weight_decay = i == 2 ? 0.0f : 0.1f;
+    a.params.step = b.params.step = 2 + i;
+    many.push_back(a);
+    one.push_back(b);
+    grads.push_back(tensor(g, {n}));
+  }
+  ops::adamw_step_many(ctx, many, grads);
+  for (int i = 0; i < 3; ++i) {
+    ops::adamw_step(ctx, one[i].master, grads[i], one[i].m, one[i].v, one[i].params, one[i].compute);
+    expect_close(many[i].master, to_d(one[i].master.to_floats()), 0, 0, "adamw_step_many master");
+    expect_close(many[i].m, to_d(one[i].m.to_floats()), 0, 0, "adamw_step_many m");
+    expect_close(many[i].v, to_d(one[i].v.to_floats()), 0, 0, "adamw_step_many v");
+  }
+  EXPECT_EQ(many[1].compute.to_floats(), one[1].compute.to_floats());
+
+  std::vector<Tensor> two(grads.begin(), grads.begin() + 2);
+  EXPECT_THROW(ops::adamw_step_many(ctx, many, two), Error);
+  const Tensor before = many[0].master.clone();
+  many[2].m = zeros({sizes[2] - 1});  // the last target is bad: nothing may have been updated
+  EXPECT_THROW(ops::adamw_step_many(ctx, many, grads), Error);
+  expect_close(many[0].master, to_d(before.to_floats()), 0, 0, "no update before the error");
+}
