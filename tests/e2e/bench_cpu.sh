@@ -56,7 +56,7 @@ for r in runs:
     p = r["profile"]
     check(p["steps"] == 2 and p["step_ms"] > 0, f"L{L} profile steps")
     names = {o["name"] for o in p["ops"]}
-    check({"matmul", "attention_forward", "attention_backward", "adamw_step", "grouped_matmul"} <= names,
+    check({"matmul", "attention_forward", "attention_backward", "adamw_step_many", "grouped_matmul"} <= names,
           f"L{L} ops {sorted(names)}")
     osum = sum(o["ms_per_step"] for o in p["ops"])
     check(close(osum, p["op_sum_ms"], 1e-9), f"L{L} op sum")
