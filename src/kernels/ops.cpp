@@ -4,7 +4,10 @@
 // ranges, cu_seqlens, offsets) live in the backends, which can read their own memory.
 #include "kernels/ops.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <initializer_list>
+#include <utility>
 
 #include "core/profiler.h"
 
@@ -644,6 +647,16 @@ void adamw_step_many(Context& ctx, std::vector<AdamWTarget>& targets, const std:
     MT_CHECK(i == 0 || d == dev, "[{}] target {} is on {}, target 0 on {}", op, i, d.str(), dev.str());
     dev = d;
     check_adamw(t.master, grads[i].shape(), grads[i].dtype(), t.m, t.v, t.params, t.compute);
+  }
+  // The updates run in any order, even at once: two masters sharing bytes would race.
+  std::vector<std::pair<uintptr_t, size_t>> spans;  // (first byte, target) of every non-empty master
+  for (size_t i = 0; i < targets.size(); ++i)
+    if (targets[i].master.nbytes()) spans.emplace_back(reinterpret_cast<uintptr_t>(targets[i].master.data_ptr()), i);
+  std::sort(spans.begin(), spans.end());
+  for (size_t j = 1; j < spans.size(); ++j) {
+    const size_t a = spans[j - 1].second, b = spans[j].second;
+    MT_CHECK(spans[j - 1].first + targets[a].master.nbytes() <= spans[j].first,
+             "[{}] the masters of targets {} and {} overlap in memory; each parameter may appear once", op, a, b);
   }
   MT_DISPATCH(dev, adamw_step_many, ctx, targets, grads);
 }

@@ -205,7 +205,7 @@ struct AdamWTarget {
   AdamWParams params;
 };
 // adamw_step for many parameters at once: targets[i] with grads[i], in any order (the updates are
-// independent), the same bits as one adamw_step call each. On CUDA the tensors of one storage-type
+// independent: no two masters may share memory), the same bits as one adamw_step call each. On CUDA the tensors of one storage-type
 // combination share launches (up to 24 per launch), so a small tensor (a norm's weight) does not
 // pay a kernel launch of its own.
 void adamw_step_many(Context& ctx, std::vector<AdamWTarget>& targets, const std::vector<Tensor>& grads);

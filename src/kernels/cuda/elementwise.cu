@@ -375,11 +375,9 @@ void with_storage(const Tensor& t, const char* op, const char* name, Fn&& fn) {
   }
 }
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-}  // namespace
-
-void adamw_step(Context& ctx, Tensor& master, const Tensor& grad, Tensor& m, Tensor& v,
-                const AdamWParams& p, Tensor& compute) {
-  const char* op = "adamw_step";
+// AdamW's operands on this device with master's element count (compute optional); returns it.
+int64_t checked_adamw_numel(const char* op, const Tensor& master, const Tensor& grad, const Tensor& m,
+                            const Tensor& v, const Tensor& compute, int64_t step) {
   need_cuda(master, op, "master");
   need_cuda(grad, op, "grad");
   need_cuda(m, op, "m");
@@ -392,7 +390,15 @@ void adamw_step(Context& ctx, Tensor& master, const Tensor& grad, Tensor& m, Ten
     need_cuda(compute, op, "compute");
     need_numel(compute, n, op, "compute");
   }
-  MT_CHECK(p.step >= 1, "[adamw_step] step is {}, expected >= 1 (1-based for bias correction)", p.step);
+  MT_CHECK(step >= 1, "[{}] step is {}, expected >= 1 (1-based for bias correction)", op, step);
+  return n;
+}
+}  // namespace
+
+void adamw_step(Context& ctx, Tensor& master, const Tensor& grad, Tensor& m, Tensor& v,
+                const AdamWParams& p, Tensor& compute) {
+  const char* op = "adamw_step";
+  const int64_t n = checked_adamw_numel(op, master, grad, m, v, compute, p.step);
   if (!n) return;
   // Bias corrections in double, then rounded once (the CPU twin's constants, kernels/adamw_math.h).
   const am::Consts k = am::make_consts(p.lr, p.beta1, p.beta2, p.eps, p.weight_decay, p.step, p.grad_scale);
@@ -433,20 +439,7 @@ void adamw_step_many(Context& ctx, std::vector<ops::AdamWTarget>& targets, const
   for (size_t i = 0; i < targets.size(); ++i) {
     ops::AdamWTarget& t = targets[i];
     const Tensor& g = grads[i];
-    need_cuda(t.master, op, "master");
-    need_cuda(g, op, "grad");
-    need_cuda(t.m, op, "m");
-    need_cuda(t.v, op, "v");
-    const int64_t n = t.master.numel();
-    need_numel(g, n, op, "grad");
-    need_numel(t.m, n, op, "m");
-    need_numel(t.v, n, op, "v");
-    if (t.compute.defined()) {
-      need_cuda(t.compute, op, "compute");
-      need_numel(t.compute, n, op, "compute");
-    }
-    MT_CHECK(t.params.step >= 1, "[adamw_step_many] step is {}, expected >= 1 (1-based for bias correction)",
-             t.params.step);
+    const int64_t n = checked_adamw_numel(op, t.master, g, t.m, t.v, t.compute, t.params.step);
     if (!n) continue;
     const std::array<int, 5> key = {static_cast<int>(t.master.dtype()), static_cast<int>(g.dtype()),
                                      static_cast<int>(t.m.dtype()), static_cast<int>(t.v.dtype()),

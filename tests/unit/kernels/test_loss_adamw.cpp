@@ -187,4 +187,9 @@ TEST(AdamW, ManyEqualsOneAtATime) {
   many[2].m = zeros({sizes[2] - 1});  // the last target is bad: nothing may have been updated
   EXPECT_THROW(ops::adamw_step_many(ctx, many, grads), Error);
   expect_close(many[0].master, to_d(before.to_floats()), 0, 0, "no update before the error");
+
+  // The same master twice (the updates may run at once) is refused.
+  many[2].m = zeros({sizes[2]});
+  many[1].master = many[0].master.slice(0, 0, sizes[1]);
+  EXPECT_THROW(ops::adamw_step_many(ctx, many, grads), Error);
 }
