@@ -162,15 +162,33 @@ void attention_bwd_scratch(Trace& t, const ModelConfig& c, const Dims& d, const 
   const int64_t T = static_cast<int64_t>(d.T);
   double bytes = static_cast<double>(nh * T) * 4;
   if (s.dtype_bytes == 2 && (hd == 64 || hd == 128)) {
-    const int64_t kv_tiles = (T + 63) / 64, group = std::max<int64_t>(1, nh / std::max<int64_t>(1, nkv));
-    const int64_t want = 4 * std::max(1, s.sm_count);
-    int64_t splits = 1;
-    while (splits < group && kv_tiles * nkv * splits < want) {
-      int64_t nx = splits + 1;
-      while (group % nx) ++nx;
-      splits = nx;
-    }
-    bytes += 2.0 * static_cast<double>(splits * T * nkv * hd) * 4;
+    // flash::backward_workspace (kernels/cuda/attention_flash_launch.cuh), each part 256-byte
+    // aligned: D [nh,T] f32 and the dK/dV partials [splits,T,nkv,d] f32 twice; on Hopper also dq_acc
+    // [nh,T,d] f32 and i32 counters, and never less than the sm80 layout.
+    auto align = [](double b) { return std::ceil(b / 256) * 256; };
+    const int64_t group = std::max<int64_t>(1, nh / std::max<int64_t>(1, nkv));
+    auto layout = [&](bool sm90) {
+      const int64_t keys = sm90 ? 128 : 64, kv_tiles = (T + keys - 1) / keys;
+      const int64_t want = (sm90 ? 2 : 4) * std::max(1, s.sm_count);
+      int64_t splits = 1;
+      if (sm90) {  // the largest divisor of the group that is at most half of it
+        splits = std::max<int64_t>(1, group / 2);
+        while (group % splits) --splits;
+      }
+      while (splits < group && kv_tiles * nkv * splits < want) {
+        int64_t nx = splits + 1;
+        while (group % nx) ++nx;
+        splits = nx;
+      }
+      const double part = align(static_cast<double>(splits * T * nkv * hd) * 4);
+      double b = align(static_cast<double>(nh * T) * 4) + 2 * part;
+      if (sm90) {
+        const int64_t q_tiles = (T + 63) / 64;
+        b += align(static_cast<double>(nh * T * hd) * 4) + align(static_cast<double>(nh * q_tiles + 1 + q_tiles) * 4);
+      }
+      return b;
+    };
+    bytes = s.hopper ? std::max(layout(true), layout(false)) : layout(false);
   }
   t.free(t.alloc(TraceGroup::kLayerTemp, kWork, bytes, "attention backward scratch"));
 }

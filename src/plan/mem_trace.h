@@ -33,6 +33,7 @@ struct TraceShape {
   bool batch_on_device = true;  // the trainer's Batch tensors are allocated inside the step
   bool on_cuda = true;       // CUDA ops' scratch counted; false: CPU path (batch and host temps in kOther)
   int sm_count = 132;        // flash-attention backward splits depend on it (H100/H200: 132)
+  bool hopper = false;       // cc 9.0: the fused sm90 attention backward's workspace
   bool router_stats = true;  // ModelOptions::router_stats (logging.log_expert_load)
   bool ones_cache = true;    // the model's cached ones vector is first allocated in this micro-batch
   bool aux_grad = true;      // the aux loss has a gradient (coefficient != 0)

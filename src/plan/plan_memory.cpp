@@ -244,6 +244,7 @@ StagePlan plan_stage(const PlanInput& in, const Hardware& hw, int64_t first, int
   ts.batch_on_device = true;
   ts.on_cuda = !cpu;
   ts.sm_count = hw.sm_count;
+  ts.hopper = !cpu && is_hopper(hw.name);
   ts.router_stats = in.router_stats;
   ts.aux_grad = in.aux_loss && c.is_moe();
   ts.z_loss = in.z_loss;

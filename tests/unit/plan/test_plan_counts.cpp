@@ -233,6 +233,30 @@ TEST(PlanTrace, ReplayEqualsTheAllocatorOnTheCpuModel) {
   }
 }
 
+// The flash-attention backward's device workspace (flash::backward_workspace in
+// kernels/cuda/attention_flash_launch.cuh), by hand for Qwen3-0.6B at T 4096 (16 / 8 heads of 128,
+// 132 SMs), where it sets the workspace peak: each part 256-byte aligned, D [nh,T] f32 and the dK/dV
+// partials [splits,T,nkv,d] f32 twice (sm80: 64 keys per CTA, 4 CTAs per SM, 2 splits); on Hopper
+// also dq_acc [nh,T,d] f32 and nh * T/64 + 1 + T/64 i32 counters (128 keys per CTA, 2 CTAs per SM:
+// 2 splits), and never less than the sm80 layout.
+TEST(PlanTrace, AttentionBackwardWorkspaceOnHopper) {
+  const ModelConfig cfg = ModelConfig::preset("qwen3-0.6b");
+  TraceShape s;
+  s.tokens = 4096;
+  s.num_layers = 1;
+  s.vocab_local = cfg.vocab_size;
+  s.head = false;
+  s.sm_count = 132;
+  const double T = 4096, nh = 16, nkv = 8, d = 128;
+  const double sm80 = nh * T * 4 + 2 * (2 * T * nkv * d * 4);
+  const double sm90 = nh * T * 4 + 2 * (2 * T * nkv * d * 4) + nh * T * d * 4 + 4608;  // (16*64+1+64)*4, aligned
+  auto workspace = [&](bool hopper) {
+    s.hopper = hopper;
+    return trace_micro_batch(cfg, s).category_peak[static_cast<size_t>(MemCategory::kWorkspace)];
+  };
+  EXPECT_EQ(workspace(true) - workspace(false), sm90 - sm80);
+}
+
 TEST(PlanTrace, SelectiveRecomputeSitsBetweenNoneAndFull) {
   const ModelConfig c = ModelConfig::preset("qwen3-30b-a3b");
   TraceShape s;
