@@ -14,7 +14,7 @@ namespace {
 TEST(Backend, Router) {
   MT_REQUIRE_GPU();
   struct Case { int64_t T, E; int k; };
-  for (const Case c : {Case{200, 128, 8}, Case{37, 60, 4}, Case{1, 2, 2}}) {
+  for (const Case c : {Case{200, 128, 8}, Case{37, 60, 4}, Case{1, 2, 2}, Case{1000, 128, 8}, Case{4096, 64, 6}}) {
     for (bool normalize : {true, false}) {
       const std::string tag = "T" + std::to_string(c.T) + " E" + std::to_string(c.E) + " k" + std::to_string(c.k) +
                               (normalize ? " norm" : "");

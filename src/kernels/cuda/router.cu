@@ -126,19 +126,30 @@ __global__ void router_stats_partial_kernel(const float* __restrict__ probs, con
   }
 }
 
+// One block per expert: thread c takes chunk c (kMaxChunks >= chunks, one per thread), then a fixed
+// tree over the block adds them (the same order on every run). A serial loop over the chunks per
+// expert waited on 2 x 256 dependent loads: 0.03 ms per layer for 2 MB of input.
 __global__ void router_stats_final_kernel(const int32_t* __restrict__ pcount, const float* __restrict__ pprob,
                                           int64_t chunks, int64_t E, float* __restrict__ counts,
                                           float* __restrict__ prob_sum) {
-  const int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  if (e >= E) return;
-  int64_t n = 0;
-  float s = 0.0f;
-  for (int64_t c = 0; c < chunks; ++c) {
-    n += pcount[c * E + e];
-    s += pprob[c * E + e];
+  __shared__ int32_t sn[kMaxChunks];
+  __shared__ float ss[kMaxChunks];
+  const int64_t e = blockIdx.x;
+  const int c = threadIdx.x;
+  sn[c] = c < chunks ? pcount[c * E + e] : 0;
+  ss[c] = c < chunks ? pprob[c * E + e] : 0.0f;
+  __syncthreads();
+  for (int half = kMaxChunks / 2; half > 0; half >>= 1) {
+    if (c < half) {
+      sn[c] += sn[c + half];
+      ss[c] += ss[c + half];
+    }
+    __syncthreads();
   }
-  counts[e] += static_cast<float>(n);
-  prob_sum[e] += s;
+  if (c == 0) {
+    counts[e] += static_cast<float>(sn[0]);
+    prob_sum[e] += ss[0];
+  }
 }
 
 __global__ void aux_loss_bwd_kernel(const float* __restrict__ counts, int64_t T, int64_t E, double rows, double coef,
@@ -234,7 +245,7 @@ void router_stats(Context& ctx, const Tensor& probs, const Tensor& topk_idx, Ten
   float* pprob = reinterpret_cast<float*>(pcount + chunks * E);
   router_stats_partial_kernel<<<static_cast<unsigned>(chunks), 256, E * 4, stream_of(ctx)>>>(
       probs.data<float>(), topk_idx.data<int32_t>(), T, E, static_cast<int>(k), rows_per_chunk, pcount, pprob);
-  router_stats_final_kernel<<<static_cast<unsigned>((E + 255) / 256), 256, 0, stream_of(ctx)>>>(
+  router_stats_final_kernel<<<static_cast<unsigned>(E), kMaxChunks, 0, stream_of(ctx)>>>(
       pcount, pprob, chunks, E, counts.data<float>(), prob_sum.data<float>());
   check_launch(op);
 }
