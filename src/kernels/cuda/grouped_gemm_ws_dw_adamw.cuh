@@ -6,6 +6,7 @@
 #pragma once
 #include <cuda.h>
 
+#include <cstdlib>
 #include <type_traits>
 
 #include "kernels/adamw_math.h"
@@ -338,6 +339,372 @@ struct AdamWEpilogue {
   }
 };
 
+// ---- walker kernel: the walk on its own warpgroups, under the next piece's mainloop -----------------
+// gmm_ws_dw_walk_kernel (all-bf16 state, no prior): 512 threads. Warpgroup 0: thread 0 issues the TMA
+// loads (24 registers). Warpgroup 1 (the consumer, 232 registers): the 128 x 256 tiles of dispatch_dw
+// as two 128 x 128 pieces, each two m64n128 accumulators; it stages a piece (bf16) into one of two
+// buffers. Warpgroups 2-3 (the walkers, 128 registers, 2 vectors in flight per thread): AdamW of each
+// staged piece, and of the pieces of experts without rows (g = 0), in the consumer's order. So the
+// walk, which moves the 12 bytes per parameter, no longer stops for the mainloop and the staging.
+// The per-tile sums of squares keep dispatch_dw's bits: a consumer thread carries its two SumSq4
+// chains (rows 64 h + ...) from piece 0 into piece 1, which is the order of stage_tile over 256
+// columns, and ends them as consumer warp 4 h + w of the two-warpgroup kernel would.
+#ifndef MT_WALK_CONS_REGS
+#define MT_WALK_CONS_REGS 184
+#endif
+constexpr int kWalkThreads = 512, kWalkConsRegs = MT_WALK_CONS_REGS, kWalkPieceN = 128;
+constexpr int kWalkWalkRegs = (65536 - 128 * 24 - 128 * kWalkConsRegs) / 256 / 8 * 8;
+
+template <int BK>
+struct WalkCfg {
+  static constexpr int kBlock = BK * 128;     // one box: 64 columns x BK rows, bf16
+  static constexpr int kABytes = 2 * kBlock;  // dy: 128 rows of the output (2 boxes)
+  static constexpr int kStageBytes = kABytes + 2 * kBlock;  // + x: the piece's 128 columns (2 boxes)
+  static constexpr int kPitch = kWalkPieceN * 2 + 16;       // staged piece row: 256 B + 16 (conflict-free)
+  static constexpr int kPieceBytes = kBM * kPitch;
+  static constexpr int kBarOff = 2 * kPieceBytes;  // 256 B of mbarriers after the two piece buffers
+  static constexpr int kOffOff = kBarOff + 256;
+  static constexpr int kRedOff = kOffOff + ((kMaxE + 1) * 4 + 7) / 8 * 8;
+  static constexpr int kFixed = 1024 + kRedOff + 16 * 8;
+  static constexpr int kFit = (227 * 1024 - kFixed) / kStageBytes;
+  static constexpr int kStages = kFit < 8 ? kFit : 8;
+  static_assert(kStages >= 2, "walker kernel: the ring does not fit");
+  static_assert((2 * kStages + 4) * 8 <= 256, "barrier space");
+  static constexpr int kSmem = kFixed + kStages * kStageBytes;
+  static_assert(128 * 24 + 128 * kWalkConsRegs + 256 * kWalkWalkRegs <= 65536, "register split");
+};
+
+// Piece c (0, 1) of tile x as a 128-wide tile (its j0 in units of 128 columns), for walk_geom<128>.
+__device__ __forceinline__ Tile piece_of(const Tile& x, int c) {
+  Tile y = x;
+  y.j0 = 2 * x.j0 + c;
+  return y;
+}
+// Whether piece c of tile x has columns in the output.
+__device__ __forceinline__ bool piece_in(const Params& p, const Tile& x, int c) {
+  return x.j0 * 256 + c * kWalkPieceN < p.cj;
+}
+
+// The walkers' AdamW of one piece (g staged at `tile` at kPitch bytes per row, or g = 0 when tile
+// is null), U vectors in flight: q holds the piece's first batch; during its last batch the first
+// batch of the next piece (geometry nx, when has_next) is fetched into q. Returns whether it was.
+template <typename W, typename MT, typename VT, int U, int kPitch>
+__device__ __forceinline__ bool walk_piece(const AdamWParams& a, const WalkGeom& g, const unsigned char* tile, int tid,
+                                           Batch<W, MT, VT, U>& q, bool has_next, const WalkGeom& nx) {
+  constexpr int kVR = kWalkPieceN / 8;
+  bool ahead = false;
+#pragma unroll 1
+  for (int b = tid; b < g.nvec; b += 256 * U) {
+    Batch<W, MT, VT, U> next;
+    if (b + 256 * U < g.nvec) {
+      fetch_batch<kWalkPieceN, W, MT, VT, U>(a, g, b + 256 * U, next);
+    } else if (has_next) {
+      fetch_batch<kWalkPieceN, W, MT, VT, U>(a, nx, tid, next);
+      ahead = true;
+    }
+    if (tile) {
+      apply_batch<kWalkPieceN, __nv_bfloat16, kPitch, W, MT, VT, U>(a, tile, g, b, q);
+    } else {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int idx = b + 256 * u, c = idx % kVR;
+        if (idx >= g.nvec || c >= g.nvr) continue;
+        float gf[8] = {0, 0, 0, 0, 0, 0, 0, 0}, wf[8], mf[8], vf[8];
+        widen8(q.w[u], wf);
+        widen8(q.m[u], mf);
+        widen8(q.v[u], vf);
+        apply8<W, MT, VT, true>(a, g.gbase + static_cast<int64_t>(idx / kVR) * g.cj + c * 8, gf, wf, mf, vf);
+      }
+    }
+    q = next;
+  }
+  return ahead;
+}
+
+// Whether the phase of `bar` with this parity has completed (no waiting).
+__device__ __forceinline__ bool mbar_done(uint32_t bar, uint32_t parity) {
+  uint32_t ok;
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(ok)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return ok != 0;
+}
+
+__device__ __forceinline__ void walk_cons_sync() { asm volatile("bar.sync 1, 128;\n" ::: "memory"); }
+
+// The consumer's mainloop of one 128 x 128 piece: acc0 / acc1 = rows 0-63 / 64-127 of dy_e^T x_e.
+// As mainloop() for one warpgroup: rows past the expert in the last slab are zeroed first.
+template <class C, int BK>
+__device__ __forceinline__ void walk_mainloop(float (&acc0)[64], float (&acc1)[64], const Tile& x, uint32_t base,
+                                              uint32_t full0, uint32_t empty0, int& stage, uint32_t& phase, int ctid,
+                                              int lane, uint32_t busy_bar, uint32_t busy_parity, int pace_ns) {
+  int prev = -1;
+  for (int k = 0; k < x.ksteps; ++k) {
+    wg::mbar_wait(full0 + 8 * stage, phase);
+    const uint32_t sa = base + stage * C::kStageBytes, sb = sa + C::kABytes;
+    const int valid = static_cast<int>(x.hi - x.lo) - k * BK;
+    if (valid < BK) {
+      const int chunks = 4 * (BK - valid) * 8;
+      for (int c = ctid; c < chunks; c += 128) {
+        const int blk = c / ((BK - valid) * 8), rr = c - blk * (BK - valid) * 8;
+        const uint32_t a = sa + blk * C::kBlock + (valid + (rr >> 3)) * 128 + (rr & 7) * 16;
+        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(a), "r"(0) : "memory");
+      }
+      wg::fence_proxy_async();
+      walk_cons_sync();
+    }
+    wg::fence_regs(acc0);
+    wg::fence_regs(acc1);
+    wg::wgmma_fence();
+#ifndef MT_WALK_NOCOMP
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) {
+      const uint64_t db = wg::smem_desc(sb + kk * 2048, C::kBlock, 1024);
+      const int sd = (k > 0 || kk > 0) ? 1 : 0;
+      wg::wgmma_bf16<128, 1, 1>(acc0, wg::smem_desc(sa + kk * 2048, C::kBlock, 1024), db, sd);
+      wg::wgmma_bf16<128, 1, 1>(acc1, wg::smem_desc(sa + C::kBlock + kk * 2048, C::kBlock, 1024), db, sd);
+    }
+#else
+    (void)sb;
+    for (int i = 0; i < 64; ++i) acc0[i] = acc1[i] = 0.0f;
+#endif
+    wg::wgmma_commit();
+    // pacing: while the walkers are still on the previous piece, this one is not needed yet; its
+    // wgmma and loads are spread out instead of taking shared memory and L2 in bursts
+    if (pace_ns > 0 && !mbar_done(busy_bar, busy_parity)) __nanosleep(pace_ns);
+    if (prev >= 0) {
+      wg::wgmma_wait<1>();
+      wg::fence_regs(acc0);
+      wg::fence_regs(acc1);
+      arrive_lane0(empty0 + 8 * prev, lane);
+    }
+    prev = stage;
+    if (++stage == C::kStages) {
+      stage = 0;
+      phase ^= 1u;
+    }
+  }
+  wg::wgmma_wait<0>();
+  wg::fence_regs(acc0);
+  wg::fence_regs(acc1);
+  arrive_lane0(empty0 + 8 * prev, lane);
+}
+
+template <int BK, typename W, typename MT, typename VT, int U>
+__global__ void __launch_bounds__(kWalkThreads, 1)
+    gmm_ws_dw_walk_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                          const Params p, const AdamWParams a, const int pace_ns) {
+#if MT_WGMMA_ENABLED
+  using C = WalkCfg<BK>;
+  constexpr int kS = C::kStages;
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw = mma::smem_addr(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  unsigned char* bufs_p = smem_raw + (base - raw) + kS * C::kStageBytes;
+  const uint32_t bufs = base + kS * C::kStageBytes;
+  const uint32_t full0 = bufs + C::kBarOff, empty0 = full0 + 8 * kS, pfull0 = empty0 + 8 * kS, pempty0 = pfull0 + 16;
+  int32_t* s_off = reinterpret_cast<int32_t*>(bufs_p + C::kOffOff);
+  double* s_red = reinterpret_cast<double*>(bufs_p + C::kRedOff);
+  const int tid = threadIdx.x;
+  for (int i = tid; i <= p.E; i += kWalkThreads) s_off[i] = p.off[i];
+#ifdef MT_WALK_NOLOAD
+  for (int i = tid; i < kS * C::kStageBytes / 16; i += kWalkThreads)
+    reinterpret_cast<uint4*>(smem_raw + (base - raw))[i] = make_uint4(0, 0, 0, 0);
+#endif
+  if (tid == 0) {
+    for (int s = 0; s < kS; ++s) {
+      wg::mbar_init(full0 + 8 * s, 1);
+      wg::mbar_init(empty0 + 8 * s, 4);
+    }
+    for (int b = 0; b < 2; ++b) {
+      wg::mbar_init(pfull0 + 8 * b, 128);
+      wg::mbar_init(pempty0 + 8 * b, 256);
+    }
+    wg::fence_mbar_init();
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map_a)) : "memory");
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map_b)) : "memory");
+  }
+  __syncthreads();
+  const int64_t total = static_cast<int64_t>(p.E) * p.nmt * p.ncol, stride = gridDim.x;
+  const int wgi = __shfl_sync(0xffffffffu, tid / 128, 0);
+  if (wgi == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    if (tid != 0) return;
+    // ---- producer: each active piece's k-slabs (dy: 2 boxes, x: the piece's 2 boxes) ----
+    int stage = 0;
+    uint32_t phase = 0;
+    for (int64_t t = blockIdx.x; t < total; t += stride) {
+      const Tile x = decode<256, BK>(p, s_off, t);
+      if (x.ksteps == 0) continue;
+#ifdef MT_WALK_NOMAIN
+      continue;
+#endif
+      int na = 0;
+      for (int b = 0; b < 2; ++b) na += x.i0 + 64 * b < p.ci;
+      for (int c = 0; c < 2; ++c) {
+        if (!piece_in(p, x, c)) continue;
+        const int col0 = static_cast<int>(x.j0) * 256 + c * kWalkPieceN;
+        int nb = 0;
+        for (int b = 0; b < 2; ++b) nb += col0 + 64 * b < p.cj;
+        const uint32_t bytes = static_cast<uint32_t>((na + nb) * C::kBlock);
+        for (int k = 0; k < x.ksteps; ++k) {
+          wg::mbar_wait_idle(empty0 + 8 * stage, phase ^ 1u);
+          const uint32_t full = full0 + 8 * stage, sa = base + stage * C::kStageBytes;
+          const int r = static_cast<int>(x.lo) + k * BK;
+#ifdef MT_WALK_NOLOAD
+          (void)bytes; (void)sa; (void)r; (void)nb;
+          wg::mbar_arrive(full);
+#else
+          wg::mbar_arrive_tx(full, bytes);
+          for (int b = 0; b < na; ++b) tma_2d(sa + b * C::kBlock, &map_a, static_cast<int>(x.i0) + 64 * b, r, full);
+          for (int b = 0; b < nb; ++b) tma_2d(sa + C::kABytes + b * C::kBlock, &map_b, col0 + 64 * b, r, full);
+#endif
+          if (++stage == kS) {
+            stage = 0;
+            phase ^= 1u;
+          }
+        }
+      }
+    }
+    return;
+  }
+  if (wgi == 1) {
+    // ---- consumer ----
+    if constexpr (kWalkConsRegs > 128) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kWalkConsRegs) : "memory");
+    else if constexpr (kWalkConsRegs < 128) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kWalkConsRegs) : "memory");
+    const int ctid = tid - 128, lane = tid & 31, w = ctid >> 5;
+    int stage = 0;
+    uint32_t phase = 0, it = 0, cit = 0;
+    float acc0[64], acc1[64];
+    for (int64_t t = blockIdx.x; t < total; t += stride) {
+      const Tile x = decode<256, BK>(p, s_off, t);
+      if (x.ksteps == 0) {
+        if (p.ss && ctid == 0) p.ss[t] = 0.0;  // no rows, no prior: g = 0
+        continue;
+      }
+      const int nrows = static_cast<int>(p.ci - x.i0 < kBM ? p.ci - x.i0 : kBM);
+      const int ncols = static_cast<int>(p.cj - x.j0 * 256 < 256 ? p.cj - x.j0 * 256 : 256);
+      wg::SumSq4 sq[2];
+      for (int c = 0; c < 2; ++c) {
+        if (!piece_in(p, x, c)) continue;
+#ifdef MT_WALK_NOMAIN
+        for (int i = 0; i < 64; ++i) acc0[i] = acc1[i] = 0.0f;
+#else
+        {
+          // piece it - 1 went to buffer (it - 1) & 1; the walkers release it with phase ((it - 1) >> 1) & 1
+          const uint32_t pb = (it - 1) & 1u, pu = (it - 1) >> 1;
+          walk_mainloop<C, BK>(acc0, acc1, x, base, full0, empty0, stage, phase, ctid, lane, pempty0 + 8 * pb, pu & 1u,
+                               it > 0 ? pace_ns : 0);
+        }
+#endif
+        const uint32_t b = it & 1u, use = it >> 1;
+        ++it;
+        wg::mbar_wait(pempty0 + 8 * b, (use & 1u) ^ 1u);  // the walkers are done with this buffer
+        const uint32_t sbuf = bufs + b * C::kPieceBytes;
+        const int pc = ncols - c * kWalkPieceN;  // columns of this piece in the output (> 0)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int warp = 4 * h + w, frow = 16 * warp + (lane >> 2);
+          const bool row_in[2] = {frow < nrows, frow + 8 < nrows};
+          // kAllIn as stage_tile decides it for the whole 256-wide tile: every value of the thread inside
+          const bool all_in = p.ss && row_in[0] && row_in[1] && ncols >= 256;
+          float(&acc)[64] = h ? acc1 : acc0;
+          if (all_in)
+            stage_bf16<kWalkPieceN, C::kPitch, true>(acc, false, sbuf, lane, warp, sq[h], true, row_in, pc);
+          else
+            stage_bf16<kWalkPieceN, C::kPitch, false>(acc, false, sbuf, lane, warp, sq[h], p.ss != nullptr, row_in, pc);
+        }
+        wg::mbar_arrive(pfull0 + 8 * b);
+      }
+      if (p.ss) {  // the warp sums of rows 64 h + 16 w .., then thread 0 adds the 8 in warp order
+        double* red = s_red + 8 * (cit++ & 1u);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          double ss = sq[h].total();
+          for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+          if (lane == 0) red[4 * h + w] = ss;
+        }
+        walk_cons_sync();
+        if (ctid == 0) {
+          double s = 0.0;
+#pragma unroll
+          for (int k = 0; k < 8; ++k) s += red[k];
+          p.ss[t] = s;
+        }
+      }
+    }
+    return;
+  }
+  // ---- walkers: every piece of the CTA's tiles, in the consumer's order ----
+  if constexpr (kWalkWalkRegs > 128) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kWalkWalkRegs) : "memory");
+  const int wtid = tid - 256;
+  Batch<W, MT, VT, U> q;
+  uint32_t it = 0;
+  // the CTA's pieces in order: (tile t, piece c) for t = blockIdx.x + k stride, c = 0, 1 (in the output)
+  int64_t t = blockIdx.x;
+  int c = 0;
+  auto valid = [&](int64_t tt, int cc) { return tt < total && piece_in(p, decode<256, BK>(p, s_off, tt), cc); };
+  auto advance = [&](int64_t& tt, int& cc) {
+    do {
+      if (++cc == 2) {
+        cc = 0;
+        tt += stride;
+      }
+    } while (tt < total && !valid(tt, cc));
+  };
+  if (t < total && !valid(t, c)) advance(t, c);
+  bool ahead = false;
+  while (t < total) {
+    const Tile x = decode<256, BK>(p, s_off, t);
+    const WalkGeom g = walk_geom<kWalkPieceN>(p, piece_of(x, c));
+    int64_t tn = t;
+    int cn = c;
+    advance(tn, cn);
+    const bool has_next = tn < total;
+    const WalkGeom gn = has_next ? walk_geom<kWalkPieceN>(p, piece_of(decode<256, BK>(p, s_off, tn), cn)) : g;
+    if (!ahead) fetch_batch<kWalkPieceN, W, MT, VT, U>(a, g, wtid, q);
+    if (x.ksteps == 0) {
+      ahead = walk_piece<W, MT, VT, U, C::kPitch>(a, g, nullptr, wtid, q, has_next, gn);
+    } else {
+      const uint32_t b = it & 1u, use = it >> 1;
+      ++it;
+      wg::mbar_wait(pfull0 + 8 * b, use & 1u);
+      ahead = walk_piece<W, MT, VT, U, C::kPitch>(a, g, bufs_p + b * C::kPieceBytes, wtid, q, has_next, gn);
+      wg::mbar_arrive(pempty0 + 8 * b);
+    }
+    t = tn;
+    c = cn;
+  }
+#endif
+}
+
+// The walker kernel on every SM. x [N, K], dy [N, M]. all-bf16 state, no prior.
+template <int BK, int U>
+void launch_walk(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, int E, int64_t N, int64_t K,
+                 int64_t M, const DwAdamWArgs& args, double* partial) {
+  using C = WalkCfg<BK>;
+  using u16 = uint16_t;
+  const Params p = dw_params<256>(off, E, K, M, nullptr, false, partial);
+  AdamWParams a{};
+  a.w = args.master;
+  a.m = args.m;
+  a.v = args.v;
+  a.comp = static_cast<uint16_t*>(args.compute);
+  a.k = args.k;
+  a.key = args.key;
+  a.counter = args.counter;
+  a.sr = args.sr ? 1 : 0;
+  const CUtensorMap ma = dw_map(dy, N > 0 ? N : 1, M, BK), mb = dw_map(x, N > 0 ? N : 1, K, BK);
+  auto kernel = gmm_ws_dw_walk_kernel<BK, u16, u16, u16, U>;
+  MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
+  const char* pe = std::getenv("MT_WALK_PACE_NS");
+  const int pace = pe ? std::atoi(pe) : 0;
+  kernel<<<static_cast<unsigned>(dw_sm_count(ctx)), kWalkThreads, C::kSmem, stream_of(ctx)>>>(ma, mb, p, a, pace);
+  check_launch("grouped_matmul_backward_adamw");
+}
+
 template <int BN, typename GT, int BK, typename W, typename MT, typename VT, int U, bool Early = false>
 void launch(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, int E, int64_t N, int64_t K, int64_t M,
             const DwAdamWArgs& args, double* partial) {
@@ -386,7 +753,13 @@ inline bool dispatch_dw_adamw(Context& ctx, const bf16* x, const bf16* dy, const
   if (!dw_adamw_supported(ctx, E, N, K, M, a)) return false;
   const int alt = (variant >> 2) & 1, early = !((variant >> 3) & 1);
   using u16 = uint16_t;
-  if (a.grad_bf16 && a.master_bf16) {
+  if (a.grad_bf16 && a.master_bf16 && a.prior == nullptr && ((variant >> 4) & 1)) {
+#ifndef MT_WALK_ALT_U
+#define MT_WALK_ALT_U 4
+#endif
+    if (alt) dwa::launch_walk<64, MT_WALK_ALT_U>(ctx, x, dy, off, E, N, K, M, a, partial);
+    else dwa::launch_walk<64, 2>(ctx, x, dy, off, E, N, K, M, a, partial);
+  } else if (a.grad_bf16 && a.master_bf16) {
     if (alt && early) dwa::launch<256, bf16, 64, u16, u16, u16, 4, true>(ctx, x, dy, off, E, N, K, M, a, partial);
     else if (alt) dwa::launch<256, bf16, 64, u16, u16, u16, 4>(ctx, x, dy, off, E, N, K, M, a, partial);
     else if (early) dwa::launch<256, bf16, 64, u16, u16, u16, 2, true>(ctx, x, dy, off, E, N, K, M, a, partial);
