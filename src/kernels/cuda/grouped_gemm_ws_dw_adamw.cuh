@@ -352,16 +352,24 @@ struct AdamWEpilogue {
 #ifndef MT_WALK_CONS_REGS
 #define MT_WALK_CONS_REGS 184
 #endif
-constexpr int kWalkThreads = 512, kWalkConsRegs = MT_WALK_CONS_REGS, kWalkPieceN = 128;
+#ifndef MT_WALK_CONS64_REGS
+#define MT_WALK_CONS64_REGS 128
+#endif
+#ifndef MT_WALK_ROWS
+#define MT_WALK_ROWS 64
+#endif
+constexpr int kWalkThreads = 512, kWalkConsRegs = MT_WALK_ROWS == 64 ? MT_WALK_CONS64_REGS : MT_WALK_CONS_REGS, kWalkPieceN = 128;
+// rows of a piece: 128 (two m64n128 accumulators, 2 pieces per tile) or 64 (one, 4 pieces per tile)
+constexpr int kWalkRows = MT_WALK_ROWS, kWalkPieces = 256 / kWalkPieceN * (kBM / kWalkRows);
 constexpr int kWalkWalkRegs = (65536 - 128 * 24 - 128 * kWalkConsRegs) / 256 / 8 * 8;
 
 template <int BK>
 struct WalkCfg {
   static constexpr int kBlock = BK * 128;     // one box: 64 columns x BK rows, bf16
-  static constexpr int kABytes = 2 * kBlock;  // dy: 128 rows of the output (2 boxes)
+  static constexpr int kABytes = kWalkRows / 64 * kBlock;  // dy: the piece's rows of the output
   static constexpr int kStageBytes = kABytes + 2 * kBlock;  // + x: the piece's 128 columns (2 boxes)
   static constexpr int kPitch = kWalkPieceN * 2 + 16;       // staged piece row: 256 B + 16 (conflict-free)
-  static constexpr int kPieceBytes = kBM * kPitch;
+  static constexpr int kPieceBytes = kWalkRows * kPitch;
   static constexpr int kBarOff = 2 * kPieceBytes;  // 256 B of mbarriers after the two piece buffers
   static constexpr int kOffOff = kBarOff + 256;
   static constexpr int kRedOff = kOffOff + ((kMaxE + 1) * 4 + 7) / 8 * 8;
@@ -374,15 +382,19 @@ struct WalkCfg {
   static_assert(128 * 24 + 128 * kWalkConsRegs + 256 * kWalkWalkRegs <= 65536, "register split");
 };
 
-// Piece c (0, 1) of tile x as a 128-wide tile (its j0 in units of 128 columns), for walk_geom<128>.
-__device__ __forceinline__ Tile piece_of(const Tile& x, int c) {
-  Tile y = x;
-  y.j0 = 2 * x.j0 + c;
-  return y;
+// Piece pi of tile x: its row half (0 with 128-row pieces) and column half.
+__device__ __forceinline__ int piece_h(int pi) { return kWalkRows == 128 ? 0 : pi >> 1; }
+__device__ __forceinline__ int piece_c(int pi) { return kWalkRows == 128 ? pi : pi & 1; }
+// Whether piece pi of tile x has rows and columns in the output.
+__device__ __forceinline__ bool piece_in(const Params& p, const Tile& x, int pi) {
+  return x.i0 + kWalkRows * piece_h(pi) < p.ci && x.j0 * 256 + piece_c(pi) * kWalkPieceN < p.cj;
 }
-// Whether piece c of tile x has columns in the output.
-__device__ __forceinline__ bool piece_in(const Params& p, const Tile& x, int c) {
-  return x.j0 * 256 + c * kWalkPieceN < p.cj;
+// Where piece pi's walk goes (as walk_geom for a kWalkRows x 128 tile).
+__device__ __forceinline__ WalkGeom piece_geom(const Params& p, const Tile& x, int pi) {
+  const int64_t r0 = x.i0 + kWalkRows * piece_h(pi), c0 = x.j0 * 256 + piece_c(pi) * kWalkPieceN;
+  const int rows = static_cast<int>(p.ci - r0 < kWalkRows ? p.ci - r0 : kWalkRows);
+  const int nvr = static_cast<int>((p.cj - c0 < kWalkPieceN ? p.cj - c0 : kWalkPieceN) / 8);
+  return {(x.e * p.ci + r0) * p.cj + c0, p.cj, rows * (kWalkPieceN / 8), nvr};
 }
 
 // The walkers' AdamW of one piece (g staged at `tile` at kPitch bytes per row, or g = 0 when tile
@@ -446,7 +458,7 @@ __device__ __forceinline__ void walk_mainloop(float (&acc0)[64], float (&acc1)[6
     const uint32_t sa = base + stage * C::kStageBytes, sb = sa + C::kABytes;
     const int valid = static_cast<int>(x.hi - x.lo) - k * BK;
     if (valid < BK) {
-      const int chunks = 4 * (BK - valid) * 8;
+      const int chunks = (C::kStageBytes / C::kBlock) * (BK - valid) * 8;
       for (int c = ctid; c < chunks; c += 128) {
         const int blk = c / ((BK - valid) * 8), rr = c - blk * (BK - valid) * 8;
         const uint32_t a = sa + blk * C::kBlock + (valid + (rr >> 3)) * 128 + (rr & 7) * 16;
@@ -456,7 +468,7 @@ __device__ __forceinline__ void walk_mainloop(float (&acc0)[64], float (&acc1)[6
       walk_cons_sync();
     }
     wg::fence_regs(acc0);
-    wg::fence_regs(acc1);
+    if constexpr (kWalkRows == 128) wg::fence_regs(acc1);
     wg::wgmma_fence();
 #ifndef MT_WALK_NOCOMP
 #pragma unroll
@@ -464,7 +476,8 @@ __device__ __forceinline__ void walk_mainloop(float (&acc0)[64], float (&acc1)[6
       const uint64_t db = wg::smem_desc(sb + kk * 2048, C::kBlock, 1024);
       const int sd = (k > 0 || kk > 0) ? 1 : 0;
       wg::wgmma_bf16<128, 1, 1>(acc0, wg::smem_desc(sa + kk * 2048, C::kBlock, 1024), db, sd);
-      wg::wgmma_bf16<128, 1, 1>(acc1, wg::smem_desc(sa + C::kBlock + kk * 2048, C::kBlock, 1024), db, sd);
+      if constexpr (kWalkRows == 128)
+        wg::wgmma_bf16<128, 1, 1>(acc1, wg::smem_desc(sa + C::kBlock + kk * 2048, C::kBlock, 1024), db, sd);
     }
 #else
     (void)sb;
@@ -477,7 +490,7 @@ __device__ __forceinline__ void walk_mainloop(float (&acc0)[64], float (&acc1)[6
     if (prev >= 0) {
       wg::wgmma_wait<1>();
       wg::fence_regs(acc0);
-      wg::fence_regs(acc1);
+      if constexpr (kWalkRows == 128) wg::fence_regs(acc1);
       arrive_lane0(empty0 + 8 * prev, lane);
     }
     prev = stage;
@@ -488,7 +501,7 @@ __device__ __forceinline__ void walk_mainloop(float (&acc0)[64], float (&acc1)[6
   }
   wg::wgmma_wait<0>();
   wg::fence_regs(acc0);
-  wg::fence_regs(acc1);
+  if constexpr (kWalkRows == 128) wg::fence_regs(acc1);
   arrive_lane0(empty0 + 8 * prev, lane);
 }
 
@@ -541,12 +554,12 @@ __global__ void __launch_bounds__(kWalkThreads, 1)
 #ifdef MT_WALK_NOMAIN
       continue;
 #endif
-      int na = 0;
-      for (int b = 0; b < 2; ++b) na += x.i0 + 64 * b < p.ci;
-      for (int c = 0; c < 2; ++c) {
-        if (!piece_in(p, x, c)) continue;
-        const int col0 = static_cast<int>(x.j0) * 256 + c * kWalkPieceN;
-        int nb = 0;
+      for (int pi = 0; pi < kWalkPieces; ++pi) {
+        if (!piece_in(p, x, pi)) continue;
+        const int row0 = static_cast<int>(x.i0) + kWalkRows * piece_h(pi);
+        const int col0 = static_cast<int>(x.j0) * 256 + piece_c(pi) * kWalkPieceN;
+        int na = 0, nb = 0;
+        for (int b = 0; b < kWalkRows / 64; ++b) na += row0 + 64 * b < p.ci;
         for (int b = 0; b < 2; ++b) nb += col0 + 64 * b < p.cj;
         const uint32_t bytes = static_cast<uint32_t>((na + nb) * C::kBlock);
         for (int k = 0; k < x.ksteps; ++k) {
@@ -558,7 +571,7 @@ __global__ void __launch_bounds__(kWalkThreads, 1)
           wg::mbar_arrive(full);
 #else
           wg::mbar_arrive_tx(full, bytes);
-          for (int b = 0; b < na; ++b) tma_2d(sa + b * C::kBlock, &map_a, static_cast<int>(x.i0) + 64 * b, r, full);
+          for (int b = 0; b < na; ++b) tma_2d(sa + b * C::kBlock, &map_a, row0 + 64 * b, r, full);
           for (int b = 0; b < nb; ++b) tma_2d(sa + C::kABytes + b * C::kBlock, &map_b, col0 + 64 * b, r, full);
 #endif
           if (++stage == kS) {
@@ -587,8 +600,8 @@ __global__ void __launch_bounds__(kWalkThreads, 1)
       const int nrows = static_cast<int>(p.ci - x.i0 < kBM ? p.ci - x.i0 : kBM);
       const int ncols = static_cast<int>(p.cj - x.j0 * 256 < 256 ? p.cj - x.j0 * 256 : 256);
       wg::SumSq4 sq[2];
-      for (int c = 0; c < 2; ++c) {
-        if (!piece_in(p, x, c)) continue;
+      for (int pi = 0; pi < kWalkPieces; ++pi) {
+        if (!piece_in(p, x, pi)) continue;
 #ifdef MT_WALK_NOMAIN
         for (int i = 0; i < 64; ++i) acc0[i] = acc1[i] = 0.0f;
 #else
@@ -603,18 +616,26 @@ __global__ void __launch_bounds__(kWalkThreads, 1)
         ++it;
         wg::mbar_wait(pempty0 + 8 * b, (use & 1u) ^ 1u);  // the walkers are done with this buffer
         const uint32_t sbuf = bufs + b * C::kPieceBytes;
-        const int pc = ncols - c * kWalkPieceN;  // columns of this piece in the output (> 0)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int warp = 4 * h + w, frow = 16 * warp + (lane >> 2);
+        const int pc = ncols - piece_c(pi) * kWalkPieceN;  // columns of this piece in the output (> 0)
+        // one row half of the tile: fragment acc, the warp's rows at 16 aw in the buffer, and the
+        // tile's consumer warp 4 h + w for the edge tests and the sums
+        auto stage_half = [&](float(&acc)[64], int h, int aw, wg::SumSq4& sqh) {
+          const int frow = 16 * (4 * h + w) + (lane >> 2);
           const bool row_in[2] = {frow < nrows, frow + 8 < nrows};
           // kAllIn as stage_tile decides it for the whole 256-wide tile: every value of the thread inside
           const bool all_in = p.ss && row_in[0] && row_in[1] && ncols >= 256;
-          float(&acc)[64] = h ? acc1 : acc0;
           if (all_in)
-            stage_bf16<kWalkPieceN, C::kPitch, true>(acc, false, sbuf, lane, warp, sq[h], true, row_in, pc);
+            stage_bf16<kWalkPieceN, C::kPitch, true>(acc, false, sbuf, lane, aw, sqh, true, row_in, pc);
           else
-            stage_bf16<kWalkPieceN, C::kPitch, false>(acc, false, sbuf, lane, warp, sq[h], p.ss != nullptr, row_in, pc);
+            stage_bf16<kWalkPieceN, C::kPitch, false>(acc, false, sbuf, lane, aw, sqh, p.ss != nullptr, row_in, pc);
+        };
+        if constexpr (kWalkRows == 128) {
+          stage_half(acc0, 0, w, sq[0]);
+          stage_half(acc1, 1, 4 + w, sq[1]);
+        } else if (piece_h(pi) == 0) {
+          stage_half(acc0, 0, w, sq[0]);
+        } else {
+          stage_half(acc0, 1, w, sq[1]);
         }
         wg::mbar_arrive(pfull0 + 8 * b);
       }
@@ -648,7 +669,7 @@ __global__ void __launch_bounds__(kWalkThreads, 1)
   auto valid = [&](int64_t tt, int cc) { return tt < total && piece_in(p, decode<256, BK>(p, s_off, tt), cc); };
   auto advance = [&](int64_t& tt, int& cc) {
     do {
-      if (++cc == 2) {
+      if (++cc == kWalkPieces) {
         cc = 0;
         tt += stride;
       }
@@ -658,12 +679,12 @@ __global__ void __launch_bounds__(kWalkThreads, 1)
   bool ahead = false;
   while (t < total) {
     const Tile x = decode<256, BK>(p, s_off, t);
-    const WalkGeom g = walk_geom<kWalkPieceN>(p, piece_of(x, c));
+    const WalkGeom g = piece_geom(p, x, c);
     int64_t tn = t;
     int cn = c;
     advance(tn, cn);
     const bool has_next = tn < total;
-    const WalkGeom gn = has_next ? walk_geom<kWalkPieceN>(p, piece_of(decode<256, BK>(p, s_off, tn), cn)) : g;
+    const WalkGeom gn = has_next ? piece_geom(p, decode<256, BK>(p, s_off, tn), cn) : g;
     if (!ahead) fetch_batch<kWalkPieceN, W, MT, VT, U>(a, g, wtid, q);
     if (x.ksteps == 0) {
       ahead = walk_piece<W, MT, VT, U, C::kPitch>(a, g, nullptr, wtid, q, has_next, gn);
