@@ -244,12 +244,25 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock) rmsnorm_bwd_vec_kernel(
   constexpr int D = 32 * EPL;
   __shared__ float sums[kRowsPerBlock / 2][D];  // 32 KB at D = 2048
   __shared__ RopeTable<kRope> tab;
+  // At D = 2048 a lane's weights, its dw sums and the row's x and dy (4 x 64 floats) did not fit in
+  // 255 registers (316 B of spills): the weights are read from shared memory there instead.
+  constexpr bool kWShared = EPL >= 64;
+  __shared__ float sw[kWShared ? D : 1];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t r0 = blockIdx.x * rows_per_block, r1 = min(R, r0 + rows_per_block);
   const int64_t t0 = r0 / ra.heads;
   fill_rope_table<kRope>(tab, ra, t0, (r1 - 1) / ra.heads - t0 + 1);
-  float wf[EPL], acc[EPL];
-  L::load_w(w, lane, wf);
+  float wr[kWShared ? 1 : EPL], acc[EPL];
+  if constexpr (kWShared) {
+    for (int c = threadIdx.x; c < D; c += 32 * kRowsPerBlock) sw[c] = static_cast<float>(w[c]);
+    __syncthreads();
+  } else {
+    L::load_w(w, lane, wr);
+  }
+  auto wf = [&](int i) -> float {
+    if constexpr (kWShared) return sw[L::col(i / L::kVec, lane) + i % L::kVec];
+    else return wr[i];
+  };
 #pragma unroll
   for (int i = 0; i < EPL; ++i) acc[i] = 0.0f;
   for (int64_t r = r0 + warp; r < r1; r += kRowsPerBlock) {
@@ -264,13 +277,13 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock) rmsnorm_bwd_vec_kernel(
     const float rs = rstd[r];
     float dot = 0.0f;
 #pragma unroll
-    for (int i = 0; i < EPL; ++i) dot += g[i] * wf[i] * xv[i] * rs;
+    for (int i = 0; i < EPL; ++i) dot += g[i] * wf(i) * xv[i] * rs;
     const float mean_dot = warp_sum(dot) / static_cast<float>(D);
 #pragma unroll
     for (int i = 0; i < EPL; ++i) {
       acc[i] += g[i] * xv[i] * rs;
       const float xhat = xv[i] * rs;
-      g[i] = rs * (g[i] * wf[i] - xhat * mean_dot);
+      g[i] = rs * (g[i] * wf(i) - xhat * mean_dot);
     }
     if (accumulate) {
       L::load(dx + r * D, lane, xv);
