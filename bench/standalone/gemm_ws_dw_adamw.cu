@@ -288,7 +288,7 @@ int main(int argc, char** argv) {
   // variant: 0 = default, 4 = the other walk depth, 8 = first batch fetched after the mainloop
   const std::vector<int> all_vars = {0, 4, 8, 12};
   const std::vector<int> time_vars = {0, 4, 8, 12};
-  if (part != "shapes" && part != "tiny" && part != "skew" && part != "skewprof" && part != "skewloop") {
+  if (part != "shapes" && part != "skewparts" && part != "tiny" && part != "skew" && part != "skewprof" && part != "skewloop") {
     std::vector<Prob> edges;
     edges.push_back(make("uneven", {0, 1, 1000, 0, 64, 65, 128, 129, 255, 257, 3, 0}, 2300, 264, 200));
     edges.push_back(make("empty+tail", {0, 300, 1, 0, 130}, 500, 200, 136));
@@ -365,6 +365,49 @@ int main(int argc, char** argv) {
 #endif
         std::fflush(stdout);
       }
+      free_state(st);
+      CK(cudaFree(part_));
+      release(p);
+    }
+    return 0;
+  }
+  if (part == "skewparts") {  // where the proxy routing's extra time goes (gate_up, all-bf16, sr, moments of
+    // the idle experts 0): even routing; the proxy's; its 4 heavy experts alone; its 64 light ones alone;
+    // no expert with rows (the whole update through the idle-tile walk)
+    std::vector<int> rank(128);
+    for (int e = 0; e < 128; ++e) rank[e] = e;
+    std::mt19937 rng(5);
+    std::shuffle(rank.begin(), rank.end(), rng);
+    auto counts_of = [&](int which) {
+      std::vector<int64_t> c(128, 0);
+      for (int e = 0; e < 128; ++e) {
+        if (which == 0) c[e] = 256;
+        if (which == 1) c[e] = rank[e] < 4 ? 4096 : rank[e] < 68 ? 256 : 0;
+        if (which == 2) c[e] = rank[e] < 4 ? 4096 : 0;
+        if (which == 3) c[e] = rank[e] >= 4 && rank[e] < 68 ? 256 : 0;
+      }
+      return c;
+    };
+    const char* names[5] = {"even (256 rows each)", "proxy (4 x 4096, 64 x 256, 60 idle)", "4 x 4096, 124 idle",
+                            "64 x 256, 64 idle", "all idle"};
+    for (int which = 0; which < 5; ++which) {
+      std::vector<int64_t> c = which == 4 ? std::vector<int64_t>(128, 0) : counts_of(which);
+      int64_t rows = 0;
+      for (int64_t v : c) rows += v;
+      Prob p = make("gate_up", c, rows > 0 ? rows : 8, 2048, 1536);
+      const int64_t n = (int64_t)p.E * p.M * p.K;
+      State st = alloc_state(kAllBf16, n);
+      init_state(kAllBf16, n, st, 7);
+      zero_moments(p, kAllBf16, st, false);
+      double* part_;
+      CK(cudaMalloc(&part_, gwd::dw_adamw_tiles(p.E, p.K, p.M, true) * 8));
+      Opt o{am::make_consts(1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 1.0f), true, 99, 3};
+      const gwd::DwAdamWArgs a = args_for(kAllBf16, st, nullptr, o);
+      std::printf("| %-38s |", names[which]);
+      for (int r = 0; r < 3; ++r)
+        std::printf(" %.3f", time_ms([&] { gwd::dispatch_dw_adamw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, a, part_, 0); }, reps));
+      std::printf(" |\n");
+      std::fflush(stdout);
       free_state(st);
       CK(cudaFree(part_));
       release(p);
