@@ -399,6 +399,7 @@ int main(int argc, char** argv) {
       State st = alloc_state(kAllBf16, n);
       init_state(kAllBf16, n, st, 7);
       zero_moments(p, kAllBf16, st, false);
+      if (which > 0 && which < 4) check(ctx, p, kAllBf16, false, true, true, {0}, 1);
       double* part_;
       CK(cudaMalloc(&part_, gwd::dw_adamw_tiles(p.E, p.K, p.M, true) * 8));
       Opt o{am::make_consts(1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 1.0f), true, 99, 3};
@@ -406,6 +407,14 @@ int main(int argc, char** argv) {
       std::printf("| %-38s |", names[which]);
       for (int r = 0; r < 3; ++r)
         std::printf(" %.3f", time_ms([&] { gwd::dispatch_dw_adamw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, a, part_, 0); }, reps));
+#ifdef MT_DW_OLD
+      moetrain::cuda::gwd_old::DwAdamWArgs ao;
+      std::memcpy(&ao, &a, sizeof ao);
+      std::printf(" | old");
+      for (int r = 0; r < 3; ++r)
+        std::printf(" %.3f", time_ms([&] {
+          moetrain::cuda::gwd_old::dispatch_dw_adamw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, ao, part_, 0); }, reps));
+#endif
       std::printf(" |\n");
       std::fflush(stdout);
       free_state(st);
