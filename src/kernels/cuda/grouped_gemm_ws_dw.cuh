@@ -30,7 +30,7 @@ struct Cfg {
   static constexpr int kPitch = BN * static_cast<int>(sizeof(DwT)) + (sizeof(DwT) == 4 ? 32 : 16);
   static constexpr int kOutBytes = kBM * kPitch;
   static constexpr int kOffOff = kOutBytes + 256;
-  static constexpr int kRedOff = kOffOff + ((kMaxE + 1) * 4 + 7) / 8 * 8;
+  static constexpr int kRedOff = kOffOff + ((2 * kMaxE + 1) * 4 + 7) / 8 * 8;  // offsets [E+1], then the order [E]
   static constexpr int kFixed = 1024 + kRedOff + 24 * 8;
   static constexpr int kFit = (227 * 1024 - kFixed) / kStageBytes;
   static constexpr int kStages = kFit < 8 ? kFit : 8;
@@ -57,19 +57,30 @@ struct Tile {
   int64_t i0, j0, lo, hi;  // j0: column tile index
 };
 
+// Tile t of the walk order: the experts by rows, most first (s_off[E + 1 + r]: the expert of rank r, see
+// expert_order), each expert's tiles row-major. A CTA takes t, t + grid, ...: so the long tiles of the
+// experts with the most rows are dealt out first, at most one apart between CTAs, instead of landing
+// 2 to 4 on a CTA as in expert order (the untrained router's 4096-row experts: about 0.2 ms of the
+// fused gate_up update, docs/performance.md round 18). The order only changes which CTA does a tile.
 template <int BN, int BK>
 __device__ __forceinline__ Tile decode(const Params& p, const int32_t* s_off, int64_t t) {
-  Tile x;
-  const int64_t per_e = static_cast<int64_t>(p.nmt) * p.ncol;
-  x.e = static_cast<int>(t / per_e);
-  const int64_t rem = t - x.e * per_e;
-  const int mt = static_cast<int>(rem / p.ncol);
+  Tile x;  // 32-bit index math: the tile count is below 2^31 (dw_params checks it)
+  const int per_e = p.nmt * p.ncol, ti = static_cast<int>(t);
+  const int rank = ti / per_e;
+  x.e = s_off[p.E + 1 + rank];
+  const int rem = ti - rank * per_e;
+  const int mt = rem / p.ncol;
   x.i0 = static_cast<int64_t>(mt) * kBM;
-  x.j0 = rem - static_cast<int64_t>(mt) * p.ncol;
+  x.j0 = rem - mt * p.ncol;
   x.lo = s_off[x.e];
   x.hi = s_off[x.e + 1];
   x.ksteps = x.hi > x.lo ? static_cast<int>((x.hi - x.lo + BK - 1) / BK) : 0;
   return x;
+}
+
+// The index of tile x in expert order (e, row tile, column tile): where its sum of squares goes.
+__device__ __forceinline__ int64_t tile_id(const Params& p, const Tile& x) {
+  return (x.e * p.nmt + static_cast<int>(x.i0 / kBM)) * p.ncol + static_cast<int>(x.j0);
 }
 
 // Bytes of staged row r of tile x that exist in the output (0 for rows past M; columns clipped at K).
@@ -101,6 +112,20 @@ __device__ __forceinline__ void arrive_lane0(uint32_t bar, uint32_t lane) {
 __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
 
 // ---- the pieces of the kernel ---------------------------------------------------------------------
+
+// All threads, once s_off[0..E] is loaded and visible: s_off[E + 1 + r] = the expert of rank r, by rows
+// descending, ties by index (so even routing keeps expert order). Visible after the next barrier.
+__device__ __forceinline__ void expert_order(int32_t* s_off, int E, int tid, int nthreads) {
+  for (int e = tid; e < E; e += nthreads) {
+    const int re = s_off[e + 1] - s_off[e];
+    int rank = 0;
+    for (int f = 0; f < E; ++f) {
+      const int rf = s_off[f + 1] - s_off[f];
+      rank += (rf > re) || (rf == re && f < e);
+    }
+    s_off[E + 1 + rank] = e;
+  }
+}
 
 // Producer (one thread): each tile's k-slabs, dy as 2 blocks and x as BN / 64 blocks of 64 columns x
 // BK rows. Boxes wholly past the last column are skipped (their outputs are never stored).
@@ -322,7 +347,7 @@ __device__ __forceinline__ void empty_tile_sums(const Params& p, const int32_t* 
       double s = 0.0;
 #pragma unroll
       for (int w = 0; w < 8; ++w) s += s_red[w];
-      p.ss[t] = s;
+      p.ss[tile_id(p, x)] = s;
     }
     consumers_sync();
   }
@@ -381,6 +406,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   double* s_red = reinterpret_cast<double*>(out_p + C::kRedOff);
   const int tid = threadIdx.x;
   for (int i = tid; i <= p.E; i += kThreads) s_off[i] = p.off[i];
+  __syncthreads();
+  expert_order(s_off, p.E, tid, kThreads);
   if (tid == 0) {
     for (int s = 0; s < kS; ++s) {
       wg::mbar_init(full0 + 8 * s, 1);
@@ -442,7 +469,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         double s = 0.0;
 #pragma unroll
         for (int w = 0; w < 8; ++w) s += red[w];
-        p.ss[t] = s;
+        p.ss[tile_id(p, x)] = s;
       }
       wg::fence_proxy_async();  // this lane's reads of the staging rows, before the bulk loads into them
       __syncwarp();
@@ -497,7 +524,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         double s = 0.0;
 #pragma unroll
         for (int w = 0; w < 8; ++w) s += red[w];
-        p.ss[t] = s;
+        p.ss[tile_id(p, x)] = s;
       }
       epi.template walk<BN, DwT, C::kPitch>(p, x, out_p, ctid, pend);
       wg::fence_proxy_async();  // the walk's reads, before the next tile's bulk loads into the staging tile
@@ -561,6 +588,7 @@ inline Params dw_params(const int32_t* off, int E, int64_t K, int64_t M, void* c
   p.cj = K;
   p.ncol = static_cast<int>((K + BN - 1) / BN);
   p.nmt = static_cast<int>((M + kBM - 1) / kBM);
+  MT_CHECK(static_cast<int64_t>(E) * p.nmt * p.ncol < (int64_t(1) << 31), "[grouped_gemm_ws] dW of {} experts x {} x {}: too many tiles", E, M, K);
   p.accumulate = accumulate ? 1 : 0;
   return p;
 }
