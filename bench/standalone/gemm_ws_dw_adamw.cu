@@ -5,7 +5,8 @@
 // model shapes too), then CUDA-event medians and effective bandwidth. With -DMT_DW_OLD (the run script,
 // given snapshots of earlier grouped_gemm_ws_dw*.cuh renamed to namespace gwd_old) their dW and fused
 // kernels are timed beside these: an A/B in one process.
-// Build / run: bench/standalone/gemm_ws_dw_adamw_run.sh. Usage: gemm_ws_dw_adamw [reps] [edges|shapes|all].
+// Build / run: bench/standalone/gemm_ws_dw_adamw_run.sh. Usage: gemm_ws_dw_adamw [reps] [edges|shapes|all|skew|skewparts|
+// skewprof|skewloop|tiny] (skewparts: gate_up under even, proxy, heavy-only, light-only and no-row routing).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
