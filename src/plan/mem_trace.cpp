@@ -183,9 +183,8 @@ void attention_bwd_scratch(Trace& t, const ModelConfig& c, const Dims& d, const 
       const double part = align(static_cast<double>(splits * T * nkv * hd) * 4);
       double b = align(static_cast<double>(nh * T) * 4) + 2 * part;
       if (sm90) {
-        const int64_t q_tiles = (T + 63) / 64;  // counters: dQ per (head, q tile), dK/dV per (key block, kv head), ticket; jb_lo
-        b += align(static_cast<double>(nh * T * hd) * 4) +
-             align(static_cast<double>(nh * q_tiles + kv_tiles * nkv + 1 + q_tiles) * 4);
+        const int64_t q_tiles = (T + 63) / 64;
+        b += align(static_cast<double>(nh * T * hd) * 4) + align(static_cast<double>(nh * q_tiles + 1 + q_tiles) * 4);
       }
       return b;
     };

@@ -160,8 +160,7 @@ inline BwdWorkspace backward_workspace(const FlashAttnProblem& p, Arch arch, int
   w.sems = w.dq_acc;
   if (fused_backward(arch)) {
     w.sems = w.dq_acc + align256(static_cast<size_t>(p.nh * p.T * p.d) * 4);
-    // dQ counters [nh][q tiles], dK/dV split counters [key blocks][nkv], the CTA ticket last.
-    w.ncounters = p.nh * ((p.T + kDqRows - 1) / kDqRows) + (p.T + kWgBM - 1) / kWgBM * p.nkv + 1;
+    w.ncounters = p.nh * ((p.T + kDqRows - 1) / kDqRows) + 1;
   }
   const int64_t nqt = fused_backward(arch) ? (p.T + kDqRows - 1) / kDqRows : 0;
   w.bytes = w.sems + align256(static_cast<size_t>(w.ncounters + nqt) * 4);
@@ -172,8 +171,7 @@ inline size_t backward_workspace_bytes(const FlashAttnProblem& p, Arch arch, int
   return backward_workspace(p, arch, sm_count).bytes;
 }
 
-// Fused sm90 backward: prep (D, counters), the 5-GEMM kernel over a 1-D grid of tickets (it writes dk and
-// dv, and in deterministic mode dq), and in non-deterministic mode a finish kernel for dq.
+// Fused sm90 backward: prep (D, counters), the 5-GEMM kernel over a 1-D grid of tickets, finish.
 // Maps: q, dO with 64-row boxes, k, v with 128-row boxes.
 template <int kD>
 cudaError_t backward_fused_d(FlashArgs a, float* dsum, const BwdWorkspace& w, const CUtensorMap (&m)[4], bf16* dk,
@@ -183,9 +181,6 @@ cudaError_t backward_fused_d(FlashArgs a, float* dsum, const BwdWorkspace& w, co
   const unsigned prep_blocks = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((rows + 7) / 8, 16 * std::max(sm_count, 1))));
   int* jb_lo = a.sems + w.ncounters;
   a.jb_lo = jb_lo;
-  a.kv_done = a.sems + a.nh * ((a.T + kDqRows - 1) / kDqRows);
-  a.dk = dk;
-  a.dv = dv;
   attn_bwd_prep_kernel<kD><<<prep_blocks, 256, 0, s>>>(a, dsum, jb_lo, w.ncounters, deterministic ? 0 : 1);
   MT_FLASH_TRY(cudaGetLastError());
   const int64_t ctas = (a.T + kWgBM - 1) / kWgBM * a.nkv * w.splits;
@@ -193,10 +188,9 @@ cudaError_t backward_fused_d(FlashArgs a, float* dsum, const BwdWorkspace& w, co
   attn_bwd_ws_kernel<kD><<<static_cast<unsigned>(ctas), kWsThreads, bwd_ws_smem<kD>(), s>>>(
       m[0], m[1], m[2], m[3], a, sm90_knobs().bwd_det_desc);
   MT_FLASH_TRY(cudaGetLastError());
-  if (deterministic) return cudaSuccess;  // dq, dk and dv are written by the kernel
-  const int64_t n4 = a.T * a.nh * kD / 4;
+  const int64_t n4 = a.T * (a.nkv + a.nh) * kD / 4;
   const unsigned blocks = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((n4 + 255) / 256, 32 * std::max(sm_count, 1))));
-  attn_bwd_finish_dq_kernel<kD><<<blocks, 256, 0, s>>>(a);
+  attn_bwd_finish_kernel<kD><<<blocks, 256, 0, s>>>(a, static_cast<int>(w.splits), dk, dv);
   return cudaGetLastError();
 }
 

@@ -29,12 +29,10 @@ struct FlashArgs {
   const float *lse, *dsum;
   const int32_t* cu;
   bf16 *out, *dq;
-  bf16 *dk, *dv;     // sm90 fused backward: written by the last head split of each key block
   float *lse_out, *part_k, *part_v;
   float* dq_acc;     // sm90 fused backward: f32 dQ accumulator [nh][T][d]
   int* sems;         // sm90 fused backward: per (head, 64-query tile) count of key blocks added
   int* ticket;       // sm90 fused backward: CTA work counter (zeroed by the prep kernel)
-  int* kv_done;      // sm90 fused backward: per (key block, kv head) count of head splits done
   const int* jb_lo;  // sm90 fused backward: per 64-query tile, the first key block (128) adding to it
   int64_t T, nh, nkv, group;
   int ndocs, heads_per_cta;

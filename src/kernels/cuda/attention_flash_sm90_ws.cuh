@@ -3,9 +3,7 @@
 // consumer warpgroups (setmaxnreg 240) run the wgmma. Forward: the softmax of key tile j overlaps the
 // P V GEMM of tile j-1. Fused 5-GEMM backward (FlashAttention-2/3): producer warps write dQ from shared
 // memory with bulk reduce-adds (ordered by the key-block counters in deterministic mode), off the MMA
-// path; a prep kernel (D = rowsum(dO*O), zeroing). The last head split of each key block sums the
-// dK/dV partials in order; in deterministic mode each key block also writes the bf16 dQ of the tiles it
-// adds to last, and otherwise a finish kernel turns dq_acc into dQ.
+// path; prep (D = rowsum(dO*O), zeroing) and finish (ordered dK/dV partial sum, dQ to bf16) kernels.
 #pragma once
 #include <cuda.h>  // CUtensorMap only (the host encodes it in attention_flash_launch.cuh)
 
@@ -220,65 +218,6 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 }
 
 // ---- fused backward ------------------------------------------------------------------------------
-// Consumers and the two dQ writer warps (320 threads) at the end of a deterministic backward CTA.
-__device__ __forceinline__ void ws_tail_sync() { asm volatile("bar.sync 2, 320;\n" ::: "memory"); }
-
-// Deterministic mode: key block jb adds last into the 64-query tiles that hold its own keys' queries
-// (the counters order the adds by key block), so after its writers are done, its 256 consumer
-// threads turn those tiles of its heads h0 .. h0+hpc-1 into dq ([T][nh][kD] bf16) = bf16(scale *
-// dq_acc), the finish kernel's bits, while dq_acc is still in L2. A tile's loads are all issued
-// before its stores (the tail is bound by L2 latency).
-template <int kD>
-__device__ __forceinline__ void dq_to_bf16_last(const FlashArgs& a, int64_t jb, int64_t h0, int hpc, int tid) {
-  constexpr int kVec = kD / 4, kUnroll = 16;  // float4 per row; loads in flight per thread
-  const int64_t j0 = jb * kWgBM;
-  for (int64_t q0 = j0; q0 < min(j0 + kWgBM, a.T); q0 += kDqRows) {
-    const int rows = static_cast<int>(min(static_cast<int64_t>(kDqRows), a.T - q0));
-    if ((q0 + rows - 1) / kWgBM != jb) continue;
-    const int n = hpc * rows * kVec;
-    for (int i0 = tid; i0 < n; i0 += 256 * kUnroll) {
-      float4 x[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int i = i0 + u * 256, hd = static_cast<int>(h0) + i / (rows * kVec), r = (i / kVec) % rows;
-        if (i < n) x[u] = __ldcg(reinterpret_cast<const float4*>(a.dq_acc + (hd * a.T + q0 + r) * kD) + i % kVec);
-      }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int i = i0 + u * 256, hd = static_cast<int>(h0) + i / (rows * kVec), r = (i / kVec) % rows;
-        if (i < n)
-          *reinterpret_cast<uint2*>(a.dq + ((q0 + r) * a.nh + hd) * kD + (i % kVec) * 4) =
-              make_uint2(pack_bf16(x[u].x * a.scale, x[u].y * a.scale), pack_bf16(x[u].z * a.scale, x[u].w * a.scale));
-      }
-    }
-  }
-}
-
-// dk / dv ([T][nkv][kD] bf16) of kv head g, rows r0 .. r1-1 = the sum over head splits, in split
-// order, of the f32 partials (the order of the finish kernel that did this before), by 256 consumer
-// threads.
-template <int kD>
-__device__ __forceinline__ void sum_kv_partials(const FlashArgs& a, int64_t r0, int64_t r1, int64_t g, int tid) {
-  constexpr int kVec = kD / 4;
-  const int splits = static_cast<int>(a.group / a.heads_per_cta);
-  const int64_t n_kv = a.T * a.nkv * kD;
-  const int n = static_cast<int>((r1 - r0) * kVec);
-  for (int i = tid; i < n; i += 256) {
-    const int64_t e = ((r0 + i / kVec) * a.nkv + g) * kD + (i % kVec) * 4;
-    float4 sk = __ldcg(reinterpret_cast<const float4*>(a.part_k + e));
-    float4 sv = __ldcg(reinterpret_cast<const float4*>(a.part_v + e));
-#pragma unroll 4
-    for (int sp = 1; sp < splits; ++sp) {
-      const float4 xk = __ldcg(reinterpret_cast<const float4*>(a.part_k + sp * n_kv + e));
-      const float4 xv = __ldcg(reinterpret_cast<const float4*>(a.part_v + sp * n_kv + e));
-      sk = make_float4(sk.x + xk.x, sk.y + xk.y, sk.z + xk.z, sk.w + xk.w);
-      sv = make_float4(sv.x + xv.x, sv.y + xv.y, sv.z + xv.z, sv.w + xv.w);
-    }
-    *reinterpret_cast<uint2*>(a.dk + e) = make_uint2(pack_bf16(sk.x, sk.y), pack_bf16(sk.z, sk.w));
-    *reinterpret_cast<uint2*>(a.dv + e) = make_uint2(pack_bf16(sv.x, sv.y), pack_bf16(sv.z, sv.w));
-  }
-}
-
 // Shared memory: K, V [128][kD]; 2 stages of Q, dO [64][kD]; 2 dS^T tiles [128 keys][64 queries]
 // bf16; the dQ staging tile [64][kD] f32 with kDqPitch-byte rows (conflict-free float2 stores);
 // lse * log2e and D [2][64] f32; barriers kv_full, q_full[2], q_empty[2], dq_full[2], dq_empty[2].
@@ -414,7 +353,6 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         }
       }
       wg::bulk_wait_all();
-      if (a.deterministic) ws_tail_sync();  // every dQ add of this CTA is done (see dq_to_bf16_last)
     }
     __syncwarp();
   } else {  // ---- consumers ----
@@ -512,34 +450,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       __syncwarp();
       ws_arrive_lane0(dq_full + 8 * (it & 1), lane);
     }
-    // The work item again, from shared memory (read after the loop's memory clobbers): keeping
-    // the tail's indices in registers through the loop spilled.
-    const FusedItem wt = fused_item(a, s_ticket);
-    store_kv_partials<kD>(a, dk, dv, key, wt.g, wt.split);
-    const int tid = static_cast<int>(threadIdx.x) - 128;
-    if (a.deterministic) {
-      ws_tail_sync();
-      dq_to_bf16_last<kD>(a, wt.jb, wt.g * a.group + wt.split * a.heads_per_cta, a.heads_per_cta, tid);
-    }
-    // The head splits of this (key block, kv head) have consecutive tickets, so they all run (or
-    // ran) now: each waits until all have stored their partials, then sums its share of the rows,
-    // in split order, into dk / dv (bf16) while the partials are in L2.
-    const int splits = static_cast<int>(a.group / a.heads_per_cta);
-    __threadfence();
-    ws_consumer_sync();
-    if (tid == 0) {
-      int* done = a.kv_done + wt.jb * a.nkv + wt.g;
-      atomicAdd(done, 1);
-      int64_t spins = 0;
-      while (ld_acquire_gpu_if(true, done) < splits && ++spins < (int64_t{1} << 26)) {
-      }
-      if (spins == (int64_t{1} << 26)) __trap();  // a scheduling bug becomes an error, not a hang
-    }
-    ws_consumer_sync();
-    __threadfence();
-    const int64_t j0t = wt.jb * kWgBM, nrows = min(static_cast<int64_t>(kWgBM), a.T - j0t);
-    const int64_t share = (nrows + splits - 1) / splits, r0 = j0t + min(nrows, wt.split * share);
-    sum_kv_partials<kD>(a, r0, j0t + min(nrows, (wt.split + 1) * share), wt.g, tid);
+    store_kv_partials<kD>(a, dk, dv, key, g, w.split);
   }
 #endif
 }
@@ -569,20 +480,38 @@ __global__ void attn_bwd_prep_kernel(FlashArgs a, float* __restrict__ dsum, int*
   }
 }
 
-// Non-deterministic mode only: dq (bf16, [T][nh][kD]) = scale * dq_acc ([nh][T][kD]), four elements
-// per thread step (deterministic mode writes dq in the main kernel; dk / dv always are).
+// dk/dv (bf16) = sum over head splits, in order, of the f32 partials; dq (bf16, [T][nh][kD]) =
+// scale * dq_acc ([nh][T][kD]). Four elements per thread step.
 template <int kD>
-__global__ void attn_bwd_finish_dq_kernel(FlashArgs a) {
-  const int64_t n_q = a.T * a.nh * kD / 4;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n_q;
+__global__ void attn_bwd_finish_kernel(FlashArgs a, int splits, bf16* __restrict__ dk, bf16* __restrict__ dv) {
+  const int64_t n_kv = a.T * a.nkv * kD / 4, n_q = a.T * a.nh * kD / 4;
+  const float4* pk = reinterpret_cast<const float4*>(a.part_k);
+  const float4* pv = reinterpret_cast<const float4*>(a.part_v);
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n_kv + n_q;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t o = i * 4;  // element index in dq [T][nh][kD]
-    const int64_t c = o % kD, th = o / kD, t = th / a.nh, h = th - t * a.nh;
-    const float4 x = *reinterpret_cast<const float4*>(a.dq_acc + (h * a.T + t) * kD + c);
-    uint2 r;
-    r.x = pack_bf16(x.x * a.scale, x.y * a.scale);
-    r.y = pack_bf16(x.z * a.scale, x.w * a.scale);
-    *reinterpret_cast<uint2*>(a.dq + o) = r;
+    if (i < n_kv) {
+      float4 sk = pk[i], sv = pv[i];
+      for (int s = 1; s < splits; ++s) {
+        const float4 xk = pk[s * n_kv + i], xv = pv[s * n_kv + i];
+        sk = make_float4(sk.x + xk.x, sk.y + xk.y, sk.z + xk.z, sk.w + xk.w);
+        sv = make_float4(sv.x + xv.x, sv.y + xv.y, sv.z + xv.z, sv.w + xv.w);
+      }
+      uint2 ok, ov;
+      ok.x = pack_bf16(sk.x, sk.y);
+      ok.y = pack_bf16(sk.z, sk.w);
+      ov.x = pack_bf16(sv.x, sv.y);
+      ov.y = pack_bf16(sv.z, sv.w);
+      reinterpret_cast<uint2*>(dk)[i] = ok;
+      reinterpret_cast<uint2*>(dv)[i] = ov;
+    } else {
+      const int64_t o = (i - n_kv) * 4;  // element index in dq [T][nh][kD]
+      const int64_t c = o % kD, th = o / kD, t = th / a.nh, h = th - t * a.nh;
+      const float4 x = *reinterpret_cast<const float4*>(a.dq_acc + (h * a.T + t) * kD + c);
+      uint2 r;
+      r.x = pack_bf16(x.x * a.scale, x.y * a.scale);
+      r.y = pack_bf16(x.z * a.scale, x.w * a.scale);
+      *reinterpret_cast<uint2*>(a.dq + o) = r;
+    }
   }
 }
 

@@ -249,7 +249,7 @@ TEST(PlanTrace, AttentionBackwardWorkspaceOnHopper) {
   s.sm_count = 132;
   const double T = 4096, nh = 16, nkv = 8, d = 128;
   const double sm80 = nh * T * 4 + 2 * (2 * T * nkv * d * 4);
-  const double sm90 = nh * T * 4 + 2 * (2 * T * nkv * d * 4) + nh * T * d * 4 + 5632;  // (16*64+32*8+1+64)*4, aligned
+  const double sm90 = nh * T * 4 + 2 * (2 * T * nkv * d * 4) + nh * T * d * 4 + 4608;  // (16*64+1+64)*4, aligned
   auto workspace = [&](bool hopper) {
     s.hopper = hopper;
     return trace_micro_batch(cfg, s).category_peak[static_cast<size_t>(MemCategory::kWorkspace)];
