@@ -286,10 +286,9 @@ int main(int argc, char** argv) {
   ctx.facts_.cc_major = prop.major;
   ctx.facts_.cc_minor = prop.minor;
   std::printf("device %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
-  // variant: 0 = default, 4 = the other walk depth, 8 = first batch fetched after the mainloop,
-  // 16 = all-bf16 on 2-CTA clusters sharing x (other configs ignore it)
-  const std::vector<int> all_vars = {0, 4, 8, 12, 16};
-  const std::vector<int> time_vars = {0, 4, 8, 12, 16};
+  // variant: 0 = default, 4 = the other walk depth, 8 = first batch fetched after the mainloop
+  const std::vector<int> all_vars = {0, 4, 8, 12};
+  const std::vector<int> time_vars = {0, 4, 8, 12};
   if (part != "shapes" && part != "skewparts" && part != "tiny" && part != "skew" && part != "skewprof" && part != "skewloop") {
     std::vector<Prob> edges;
     edges.push_back(make("uneven", {0, 1, 1000, 0, 64, 65, 128, 129, 255, 257, 3, 0}, 2300, 264, 200));
@@ -373,27 +372,6 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
-  if (part == "skewparts" || part == "shapes") {  // how many 2-CTA clusters of the fused all-bf16 kernel fit at once
-    using Epi = gwd::dwa::AdamWEpilogue<uint16_t, uint16_t, uint16_t, 2, true>;
-    using C = gwd::Cfg<256, __nv_bfloat16, 64>;
-    auto kernel = gwd::gmm_ws_dw_kernel<256, __nv_bfloat16, 64, Epi, 2>;
-    CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
-    cudaLaunchConfig_t cfg{};
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 2;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.blockDim = dim3(gwd::kThreads, 1, 1);
-    cfg.dynamicSmemBytes = C::kSmem;
-    cfg.gridDim = dim3(prop.multiProcessorCount, 1, 1);
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    int fit = 0;
-    CK(cudaOccupancyMaxActiveClusters(&fit, kernel, &cfg));
-    std::printf("2-CTA clusters of the fused all-bf16 kernel resident at once: %d (%d CTAs of %d SMs)\n", fit, 2 * fit,
-                prop.multiProcessorCount);
-  }
   if (part == "skewparts") {  // where the proxy routing's extra time goes (gate_up, all-bf16, sr, moments of
     // the idle experts 0): even routing; the proxy's; its 4 heavy experts alone; its 64 light ones alone;
     // no expert with rows (the whole update through the idle-tile walk)
@@ -422,16 +400,14 @@ int main(int argc, char** argv) {
       State st = alloc_state(kAllBf16, n);
       init_state(kAllBf16, n, st, 7);
       zero_moments(p, kAllBf16, st, false);
-      if (which > 0 && which < 4) check(ctx, p, kAllBf16, false, true, true, {0, 16}, 1);
+      if (which > 0 && which < 4) check(ctx, p, kAllBf16, false, true, true, {0}, 1);
       double* part_;
       CK(cudaMalloc(&part_, gwd::dw_adamw_tiles(p.E, p.K, p.M, true) * 8));
       Opt o{am::make_consts(1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 1.0f), true, 99, 3};
       const gwd::DwAdamWArgs a = args_for(kAllBf16, st, nullptr, o);
-      std::printf("| %-38s | v0 / v16 (clusters):", names[which]);
+      std::printf("| %-38s |", names[which]);
       for (int r = 0; r < 3; ++r)
-        std::printf(" %.3f / %.3f",
-                    time_ms([&] { gwd::dispatch_dw_adamw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, a, part_, 0); }, reps),
-                    time_ms([&] { gwd::dispatch_dw_adamw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, a, part_, 16); }, reps));
+        std::printf(" %.3f", time_ms([&] { gwd::dispatch_dw_adamw(ctx, p.x, p.dy, p.doff, p.E, p.N, p.K, p.M, a, part_, 0); }, reps));
 #ifdef MT_DW_OLD
       moetrain::cuda::gwd_old::DwAdamWArgs ao;
       std::memcpy(&ao, &a, sizeof ao);
@@ -566,7 +542,7 @@ int main(int argc, char** argv) {
     }
     for (S s : {S{"gate_up", 2048, 1536}, S{"down", 768, 2048}}) {
       Prob p = make(s.tag, counts, 32768, s.K, s.M);
-      check(ctx, p, kAllBf16, false, true, true, {0, 4, 8, 12, 16});
+      check(ctx, p, kAllBf16, false, true, true, {0, 4, 8, 12});
       check(ctx, p, kAllBf16, true, false, true, {0});
       check(ctx, p, kDefault, true, false, true, {0, 4, 8});
       check(ctx, p, kDefault, false, false, false, {0});

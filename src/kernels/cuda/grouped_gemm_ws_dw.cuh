@@ -63,20 +63,16 @@ struct Tile {
 // kernel, whose time is its mainloops, gained 11% (f32, same process) and the default-precision layer
 // step about 0.13 ms; the fused update, whose time is its walk, is unchanged (docs/performance.md,
 // round 18). The order only changes which CTA does a tile, never a value or where it goes.
-//
-// With 2-CTA clusters (cl 2, nmt even) t numbers pairs of row tiles instead: CTA `crank` of the
-// cluster takes row tile 2 q + crank of the pair's column tile, so both CTAs read the same x slabs
-// (multicast, see produce) and run mainloops of the same length.
 template <int BN, int BK>
-__device__ __forceinline__ Tile decode(const Params& p, const int32_t* s_off, int64_t t, int cl = 1, int crank = 0) {
+__device__ __forceinline__ Tile decode(const Params& p, const int32_t* s_off, int64_t t) {
   Tile x;  // 32-bit index math: the tile count is below 2^31 (dw_params checks it)
-  const int per_e = p.nmt / cl * p.ncol, ti = static_cast<int>(t);
+  const int per_e = p.nmt * p.ncol, ti = static_cast<int>(t);
   const int rank = ti / per_e;
   x.e = s_off[p.E + 1 + rank];
   const int rem = ti - rank * per_e;
-  const int q = rem / p.ncol;
-  x.i0 = static_cast<int64_t>(q * cl + crank) * kBM;
-  x.j0 = rem - q * p.ncol;
+  const int mt = rem / p.ncol;
+  x.i0 = static_cast<int64_t>(mt) * kBM;
+  x.j0 = rem - mt * p.ncol;
   x.lo = s_off[x.e];
   x.hi = s_off[x.e + 1];
   x.ksteps = x.hi > x.lo ? static_cast<int>((x.hi - x.lo + BK - 1) / BK) : 0;
@@ -107,47 +103,6 @@ __device__ __forceinline__ void tma_2d(uint32_t dst, const CUtensorMap* m, int c
       "l"(reinterpret_cast<uint64_t>(m)), "r"(c0), "r"(c1), "r"(bar)
       : "memory");
 }
-// Same copy delivered to the same shared offset (and mbarrier) of both CTAs of a 2-CTA cluster.
-__device__ __forceinline__ void tma_2d_mc(uint32_t dst, const CUtensorMap* m, int c0, int c1, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], "
-      "[%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(m)), "r"(c0), "r"(c1), "r"(bar), "h"(static_cast<uint16_t>(3))
-      : "memory");
-}
-// Lane 0 arrives on the mbarrier at the same shared offset in CTA `cta` of the cluster (predicated
-// inside the asm, as arrive_lane0).
-__device__ __forceinline__ void arrive_cta_lane0(uint32_t bar, uint32_t cta, uint32_t lane) {
-  asm volatile(
-      "{\n.reg .pred p;\n.reg .b32 ra;\nsetp.eq.u32 p, %2, 0;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-      "@p mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
-      "r"(cta), "r"(lane)
-      : "memory");
-}
-__device__ __forceinline__ int cluster_ctarank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return static_cast<int>(r);
-}
-__device__ __forceinline__ void cluster_sync_all() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-// Which tiles a CTA visits: units first, first + stride, ... below total, each decoded with the
-// cluster pairing (cl 1: units are tiles).
-template <int kCl>
-struct Walk {
-  static constexpr int cl = kCl;
-  int64_t total;
-  int crank;
-  // The CTA's first unit and the step, from the special registers each time: values kept live across
-  // the main loop spilled in the bf16 dW kernel.
-  __device__ __forceinline__ int64_t first() const { return blockIdx.x / kCl; }
-  __device__ __forceinline__ int64_t stride() const { return gridDim.x / kCl; }
-  template <int BN, int BK>
-  __device__ __forceinline__ Tile at(const Params& p, const int32_t* s_off, int64_t u) const {
-    return decode<BN, BK>(p, s_off, u, kCl, kCl == 1 ? 0 : crank);
-  }
-};
 __device__ __forceinline__ void arrive_lane0(uint32_t bar, uint32_t lane) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.eq.u32 p, %1, 0;\n"
@@ -175,16 +130,14 @@ __device__ __forceinline__ void expert_order(int32_t* s_off, int E, int tid, int
 
 // Producer (one thread): each tile's k-slabs, dy as 2 blocks and x as BN / 64 blocks of 64 columns x
 // BK rows. Boxes wholly past the last column are skipped (their outputs are never stored).
-// With 2-CTA clusters each CTA loads its own dy blocks and every other x block, multicast to both:
-// each stage receives its dy and all of x, as alone, and is released by the consumers of both CTAs.
-template <class C, int BN, int BK, int kCl, class Seek>
+template <class C, int BN, int BK, class Seek>
 __device__ __forceinline__ void produce(const CUtensorMap* map_a, const CUtensorMap* map_b, const Params& p,
                                         const int32_t* s_off, uint32_t base, uint32_t full0, uint32_t empty0,
-                                        const Walk<kCl>& wk, Seek seek) {
+                                        int64_t total, int64_t stride, Seek seek) {
   int stage = 0;
   uint32_t phase = 0;
-  for (int64_t t = seek(wk.first()); t < wk.total; t = seek(t + wk.stride())) {
-    const Tile x = wk.template at<BN, BK>(p, s_off, t);
+  for (int64_t t = seek(blockIdx.x); t < total; t = seek(t + stride)) {
+    const Tile x = decode<BN, BK>(p, s_off, t);
     int na = 0, nb = 0;
     for (int b = 0; b < 2; ++b) na += x.i0 + 64 * b < p.ci;
     for (int b = 0; b < BN / 64; ++b) nb += x.j0 * BN + 64 * b < p.cj;
@@ -195,12 +148,8 @@ __device__ __forceinline__ void produce(const CUtensorMap* map_a, const CUtensor
       const int r = static_cast<int>(x.lo) + k * BK;
       wg::mbar_arrive_tx(full, bytes);
       for (int b = 0; b < na; ++b) tma_2d(sa + b * C::kBlock, map_a, static_cast<int>(x.i0) + 64 * b, r, full);
-      for (int b = 0; b < nb; ++b) {
-        if constexpr (kCl == 1)
-          tma_2d(sa + C::kABytes + b * C::kBlock, map_b, static_cast<int>(x.j0) * BN + 64 * b, r, full);
-        else if ((b & 1) == wk.crank)
-          tma_2d_mc(sa + C::kABytes + b * C::kBlock, map_b, static_cast<int>(x.j0) * BN + 64 * b, r, full);
-      }
+      for (int b = 0; b < nb; ++b)
+        tma_2d(sa + C::kABytes + b * C::kBlock, map_b, static_cast<int>(x.j0) * BN + 64 * b, r, full);
       if (++stage == C::kStages) {
         stage = 0;
         phase ^= 1u;
@@ -213,16 +162,10 @@ __device__ __forceinline__ void produce(const CUtensorMap* map_a, const CUtensor
 // wgmma group in flight. A slab starts at the expert's first row, so only the last one can run into
 // the next expert's rows (or past N, zero-filled by TMA): rows [valid, BK) of its blocks are zeroed
 // in shared memory (generic stores, proxy fence, consumer barrier) before its wgmma.
-template <class C, int BN, int BK, int kCl>
+template <class C, int BN, int BK>
 __device__ __forceinline__ void mainloop(float (&acc)[BN / 2], const Tile& x, uint32_t base, uint32_t full0,
                                          uint32_t empty0, int& stage, uint32_t& phase, int ctid, int cw,
                                          int lane) {
-  auto release = [&](int s) {  // this warp's wgmma reads of stage s are done (in every CTA that fills it)
-    if constexpr (kCl == 1) arrive_lane0(empty0 + 8 * s, lane);
-    else
-#pragma unroll
-      for (int r = 0; r < kCl; ++r) arrive_cta_lane0(empty0 + 8 * s, r, lane);
-  };
   constexpr int kNB = 2 + BN / 64;
   int prev = -1;
   for (int k = 0; k < x.ksteps; ++k) {
@@ -251,7 +194,7 @@ __device__ __forceinline__ void mainloop(float (&acc)[BN / 2], const Tile& x, ui
     if (prev >= 0) {
       wg::wgmma_wait<1>();
       wg::fence_regs(acc);
-      release(prev);
+      arrive_lane0(empty0 + 8 * prev, lane);
     }
     prev = stage;
     if (++stage == C::kStages) {
@@ -261,7 +204,7 @@ __device__ __forceinline__ void mainloop(float (&acc)[BN / 2], const Tile& x, ui
   }
   wg::wgmma_wait<0>();
   wg::fence_regs(acc);
-  release(prev);
+  arrive_lane0(empty0 + 8 * prev, lane);
 }
 
 // stage_tile's f32 body (kAllIn as for stage_bf16).
@@ -382,11 +325,11 @@ __device__ __forceinline__ StoreRows store_rows(int sw, int lane) {
 
 // Consumers, after the main loop: the partials of the tiles of experts without rows (skipped above):
 // the old dw's squares (+=), or 0. Warp sums, then thread 0 adds the 8 in warp order.
-template <int BN, typename DwT, int BK, int kCl>
+template <int BN, typename DwT, int BK>
 __device__ __forceinline__ void empty_tile_sums(const Params& p, const int32_t* s_off, double* s_red, int ctid,
-                                                int lane, int warp, const Walk<kCl>& wk) {
-  for (int64_t t = wk.first(); t < wk.total; t += wk.stride()) {
-    const Tile x = wk.template at<BN, BK>(p, s_off, t);
+                                                int lane, int warp, int64_t total, int64_t stride) {
+  for (int64_t t = blockIdx.x; t < total; t += stride) {
+    const Tile x = decode<BN, BK>(p, s_off, t);
     if (x.ksteps) continue;
     double ss = 0.0;
     if (p.accumulate) {
@@ -447,10 +390,7 @@ struct StoreEpilogue {
 // and, +=, holds the old rows) they stage it and arrive on sfull; the store warps wait on sfull, issue
 // the row stores, sum the squares, and once the stores have read the tile, load the next tile's old
 // rows and arrive on sready. map_a: dy [N, M], map_b: x [N, K], boxes 64 columns x BK rows.
-// kCl 2: 2-CTA clusters that share the x slabs of row-tile pairs (decode, produce); every warp then
-// stays to the final cluster barrier, so that no CTA leaves while its peer can still arrive on its
-// barriers.
-template <int BN, typename DwT, int BK, class Epi, int kCl = 1>
+template <int BN, typename DwT, int BK, class Epi>
 __global__ void __launch_bounds__(kThreads, 1)
     gmm_ws_dw_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                      const Params p, const Epi epi) {
@@ -472,7 +412,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (tid == 0) {
     for (int s = 0; s < kS; ++s) {
       wg::mbar_init(full0 + 8 * s, 1);
-      wg::mbar_init(empty0 + 8 * s, 8 * kCl);  // each consumer warp of each CTA that reads the stage
+      wg::mbar_init(empty0 + 8 * s, 8);
     }
     wg::mbar_init(sfull, 256);
     wg::mbar_init(sready, kStoreThreads);
@@ -481,28 +421,23 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map_b)) : "memory");
   }
   __syncthreads();
-  if constexpr (kCl > 1) cluster_sync_all();  // the peer's barriers exist before any multicast / remote arrive
-  Walk<kCl> wk;
-  wk.crank = kCl > 1 ? cluster_ctarank() : 0;
-  wk.total = static_cast<int64_t>(p.E) * (p.nmt / kCl) * p.ncol;
-  const int64_t total = wk.total, stride = wk.stride();
-  auto tile_at = [&](int64_t t) { return wk.template at<BN, BK>(p, s_off, t); };
-  auto seek = [&](int64_t t) {  // first unit at or after t (step = stride) whose expert has rows
-    while (t < total && tile_at(t).ksteps == 0) t += stride;
+  const int64_t total = static_cast<int64_t>(p.E) * p.nmt * p.ncol, stride = gridDim.x;
+  auto seek = [&](int64_t t) {  // first tile at or after t (step = grid) whose expert has rows
+    while (t < total && decode<BN, BK>(p, s_off, t).ksteps == 0) t += stride;
     return t;
   };
   const int wgi = __shfl_sync(0xffffffffu, tid / 128, 0);
   if (wgi == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::kStoreRegs));
     if (__shfl_sync(0xffffffffu, tid / 32, 0) == 0) {  // ---- producer warp ----
-      if (tid == 0) produce<C, BN, BK, kCl>(&map_a, &map_b, p, s_off, base, full0, empty0, wk, seek);
+      if (tid == 0) produce<C, BN, BK>(&map_a, &map_b, p, s_off, base, full0, empty0, total, stride, seek);
       __syncwarp();
-      goto tail;
+      return;
     }
     // A walking epilogue with nothing to load into the staging tile needs no store warps: the
     // consumers order the tiles themselves (see `solo` below). Left waiting, these warps issued 10%
     // of the fused kernel's instructions, sleeping waits included (the H100 time did not change).
-    if (!Epi::kStore && !p.accumulate) goto tail;
+    if (!Epi::kStore && !p.accumulate) return;
     // ---- store warps (see store_rows) ----
     const int st = tid - 32, sw = st >> 5, lane = tid & 31;
     const StoreRows own = store_rows(sw, lane);
@@ -517,10 +452,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (na) wg::bulk_load(sout + own.a * C::kPitch, row_ptr<BN, DwT>(p, x, own.a), na, sready);
       if (nb) wg::bulk_load(sout + own.b * C::kPitch, row_ptr<BN, DwT>(p, x, own.b), nb, sready);
     };
-    int64_t t = seek(wk.first());
-    if (t < total) release(tile_at(t));
+    int64_t t = seek(blockIdx.x);
+    if (t < total) release(decode<BN, BK>(p, s_off, t));
     for (uint32_t it = 0; t < total; ++it) {
-      const Tile x = tile_at(t);
+      const Tile x = decode<BN, BK>(p, s_off, t);
       const int64_t tn = seek(t + stride);
       wg::mbar_wait_idle(sfull, it & 1u);
       if constexpr (Epi::kStore) {
@@ -540,67 +475,65 @@ __global__ void __launch_bounds__(kThreads, 1)
       wg::fence_proxy_async();  // this lane's reads of the staging rows, before the bulk loads into them
       __syncwarp();
       if constexpr (Epi::kStore) wg::bulk_wait_read();
-      if (tn < total) release(tile_at(tn));
+      if (tn < total) release(decode<BN, BK>(p, s_off, tn));
       t = tn;
     }
     wg::bulk_wait_all();
-  } else {  // ---- consumers ----
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::kConsumerRegs));
-    const int ctid = tid - 128, cw = ctid >> 7, lane = tid & 31, warp = ctid >> 5;
-    int stage = 0;
-    uint32_t phase = 0, rphase = 0, cit = 0;
-    float acc[BN / 2];
-    typename Epi::Pending pend;
-    bool ahead = false;  // kWalkEmpty: pend holds this idle tile's first batch (the previous idle tile fetched it)
-    const bool solo = !Epi::kStore && !p.accumulate;  // no store warps (they returned above)
-    // with kWalkEmpty the consumers also visit the tiles of experts without rows (the producer and the
-    // store warps skip them), so that this work is spread over the CTAs like the rest
-    for (int64_t t = Epi::kWalkEmpty ? wk.first() : seek(wk.first()); t < total;
-         t = Epi::kWalkEmpty ? t + stride : seek(t + stride)) {
-      const Tile x = tile_at(t);
-      if constexpr (Epi::kWalkEmpty) {
-        if (x.ksteps == 0) {
-          const Tile nx = t + stride < total ? tile_at(t + stride) : x;
-          const bool nidle = t + stride < total && nx.ksteps == 0;
-          ahead = epi.template walk_empty<BN, DwT>(p, x, ctid, pend, ahead, nidle, nx);
-          continue;
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;  // dead between tiles (the first wgmma ignores them)
-      if constexpr (Epi::kWalk && Epi::kEarly) epi.template fetch<BN>(p, x, ctid, pend);
-      mainloop<C, BN, BK, kCl>(acc, x, base, full0, empty0, stage, phase, ctid, cw, lane);
-      if constexpr (Epi::kWalk && !Epi::kEarly) epi.template fetch<BN>(p, x, ctid, pend);
-      if (solo) {
-        consumers_sync();  // every consumer has walked the previous staged tile
-      } else {
-        wg::mbar_wait(sready, rphase);
-        rphase ^= 1u;
-      }
-      const int nrows = static_cast<int>(p.ci - x.i0 < kBM ? p.ci - x.i0 : kBM);
-      const int ncols = static_cast<int>(p.cj - x.j0 * BN < BN ? p.cj - x.j0 * BN : BN);
-      double* red = p.ss ? s_red + 8 + 8 * (cit++ & 1u) : nullptr;  // read by store thread 0 after sfull
-      stage_tile<BN, DwT, C::kPitch>(acc, p.accumulate != 0, sout, out_p, lane, warp, red, nrows, ncols);
-      wg::fence_proxy_async();  // staging writes, before the store warps' bulk stores read them
-      if constexpr (Epi::kWalk) {
-        consumers_sync();
-        if (solo && p.ss && ctid == 0) {  // the 8 warp sums in warp order, as store thread 0 adds them
-          double s = 0.0;
-#pragma unroll
-          for (int w = 0; w < 8; ++w) s += red[w];
-          p.ss[tile_id(p, x)] = s;
-        }
-        epi.template walk<BN, DwT, C::kPitch>(p, x, out_p, ctid, pend);
-        wg::fence_proxy_async();  // the walk's reads, before the next tile's bulk loads into the staging tile
-      }
-      if (!solo) wg::mbar_arrive(sfull);
-    }
-    if (p.ss) empty_tile_sums<BN, DwT, BK, kCl>(p, s_off, s_red, ctid, lane, warp, wk);
-    epi.template empty_experts<DwT>(p, s_off, ctid);
+    return;
   }
-tail:  // the producer and the store warps come here when done (or at once)
-  // No CTA may leave while its peer can still arrive on its barriers.
-  if constexpr (kCl > 1) cluster_sync_all();
+  // ---- consumers ----
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::kConsumerRegs));
+  const int ctid = tid - 128, cw = ctid >> 7, lane = tid & 31, warp = ctid >> 5;
+  int stage = 0;
+  uint32_t phase = 0, rphase = 0, cit = 0;
+  float acc[BN / 2];
+  typename Epi::Pending pend;
+  bool ahead = false;  // kWalkEmpty: pend holds this idle tile's first batch (the previous idle tile fetched it)
+  const bool solo = !Epi::kStore && !p.accumulate;  // no store warps (they returned above)
+  // with kWalkEmpty the consumers also visit the tiles of experts without rows (the producer and the
+  // store warps skip them), so that this work is spread over the CTAs like the rest
+  for (int64_t t = Epi::kWalkEmpty ? blockIdx.x : seek(blockIdx.x); t < total;
+       t = Epi::kWalkEmpty ? t + stride : seek(t + stride)) {
+    const Tile x = decode<BN, BK>(p, s_off, t);
+    if constexpr (Epi::kWalkEmpty) {
+      if (x.ksteps == 0) {
+        const Tile nx = t + stride < total ? decode<BN, BK>(p, s_off, t + stride) : x;
+        const bool nidle = t + stride < total && nx.ksteps == 0;
+        ahead = epi.template walk_empty<BN, DwT>(p, x, ctid, pend, ahead, nidle, nx);
+        continue;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;  // dead between tiles (the first wgmma ignores them)
+    if constexpr (Epi::kWalk && Epi::kEarly) epi.template fetch<BN>(p, x, ctid, pend);
+    mainloop<C, BN, BK>(acc, x, base, full0, empty0, stage, phase, ctid, cw, lane);
+    if constexpr (Epi::kWalk && !Epi::kEarly) epi.template fetch<BN>(p, x, ctid, pend);
+    if (solo) {
+      consumers_sync();  // every consumer has walked the previous staged tile
+    } else {
+      wg::mbar_wait(sready, rphase);
+      rphase ^= 1u;
+    }
+    const int nrows = static_cast<int>(p.ci - x.i0 < kBM ? p.ci - x.i0 : kBM);
+    const int ncols = static_cast<int>(p.cj - x.j0 * BN < BN ? p.cj - x.j0 * BN : BN);
+    double* red = p.ss ? s_red + 8 + 8 * (cit++ & 1u) : nullptr;  // read by store thread 0 after sfull
+    stage_tile<BN, DwT, C::kPitch>(acc, p.accumulate != 0, sout, out_p, lane, warp, red, nrows, ncols);
+    wg::fence_proxy_async();  // staging writes, before the store warps' bulk stores read them
+    if constexpr (Epi::kWalk) {
+      consumers_sync();
+      if (solo && p.ss && ctid == 0) {  // the 8 warp sums in warp order, as store thread 0 adds them
+        double s = 0.0;
+#pragma unroll
+        for (int w = 0; w < 8; ++w) s += red[w];
+        p.ss[tile_id(p, x)] = s;
+      }
+      epi.template walk<BN, DwT, C::kPitch>(p, x, out_p, ctid, pend);
+      wg::fence_proxy_async();  // the walk's reads, before the next tile's bulk loads into the staging tile
+    }
+    if (!solo) wg::mbar_arrive(sfull);
+  }
+  if (p.ss) empty_tile_sums<BN, DwT, BK>(p, s_off, s_red, ctid, lane, warp, total, stride);
+  epi.template empty_experts<DwT>(p, s_off, ctid);
 #endif
 }
 
@@ -661,45 +594,15 @@ inline Params dw_params(const int32_t* off, int E, int64_t K, int64_t M, void* c
   return p;
 }
 
-// The kernel with epilogue policy epi on `grid` CTAs. x [N, K], dy [N, M]. kCl 2 (2-CTA clusters
-// sharing x, see decode) needs an even number of row tiles; it runs on grid / 2 clusters, or as many
-// as fit at once, and falls back to single CTAs (same results) when none fits.
-template <int BN, typename DwT, int BK, class Epi, int kCl = 1>
+// The kernel with epilogue policy epi on `grid` CTAs. x [N, K], dy [N, M].
+template <int BN, typename DwT, int BK, class Epi>
 void launch_dw_kernel(Context& ctx, const bf16* x, const bf16* dy, int64_t N, int64_t K, int64_t M, const Params& p,
                       const Epi& epi, int64_t grid, const char* op) {
   using C = Cfg<BN, DwT, BK>;
-  if constexpr (kCl > 1) {
-    if (p.nmt % kCl != 0) return launch_dw_kernel<BN, DwT, BK, Epi, 1>(ctx, x, dy, N, K, M, p, epi, grid, op);
-  }
   const CUtensorMap ma = dw_map(dy, N > 0 ? N : 1, M, BK), mb = dw_map(x, N > 0 ? N : 1, K, BK);
-  auto kernel = gmm_ws_dw_kernel<BN, DwT, BK, Epi, kCl>;
+  auto kernel = gmm_ws_dw_kernel<BN, DwT, BK, Epi>;
   MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
-  if constexpr (kCl == 1) {
-    kernel<<<static_cast<unsigned>(grid), kThreads, C::kSmem, stream_of(ctx)>>>(ma, mb, p, epi);
-  } else {
-    MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 0));
-    cudaLaunchConfig_t cfg{};
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = kCl;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.blockDim = dim3(kThreads, 1, 1);
-    cfg.dynamicSmemBytes = C::kSmem;
-    cfg.stream = stream_of(ctx);
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    int64_t clusters = grid / kCl > 0 ? grid / kCl : 1;
-    static int fit = -1;  // clusters resident at once: a device fact, queried once per process
-    if (fit < 0) {
-      cfg.gridDim = dim3(static_cast<unsigned>(clusters * kCl), 1, 1);
-      MT_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&fit, kernel, &cfg));
-    }
-    if (fit <= 0) return launch_dw_kernel<BN, DwT, BK, Epi, 1>(ctx, x, dy, N, K, M, p, epi, grid, op);
-    if (fit < clusters) clusters = fit;
-    cfg.gridDim = dim3(static_cast<unsigned>(clusters * kCl), 1, 1);
-    MT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, ma, mb, p, epi));
-  }
+  kernel<<<static_cast<unsigned>(grid), kThreads, C::kSmem, stream_of(ctx)>>>(ma, mb, p, epi);
   check_launch(op);
 }
 

@@ -338,7 +338,7 @@ struct AdamWEpilogue {
   }
 };
 
-template <int BN, typename GT, int BK, typename W, typename MT, typename VT, int U, bool Early = false, int kCl = 1>
+template <int BN, typename GT, int BK, typename W, typename MT, typename VT, int U, bool Early = false>
 void launch(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, int E, int64_t N, int64_t K, int64_t M,
             const DwAdamWArgs& args, double* partial) {
   const Params p = dw_params<BN>(off, E, K, M, const_cast<void*>(args.prior), args.prior != nullptr, partial);
@@ -352,8 +352,7 @@ void launch(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, int
   epi.a.counter = args.counter;
   epi.a.sr = args.sr ? 1 : 0;
   // every CTA takes part in the updates of experts without rows, so the grid is never cut to the tiles
-  launch_dw_kernel<BN, GT, BK, AdamWEpilogue<W, MT, VT, U, Early>, kCl>(ctx, x, dy, N, K, M, p, epi, dw_sm_count(ctx),
-                                                                       "grouped_matmul_backward_adamw");
+  launch_dw_kernel<BN, GT, BK>(ctx, x, dy, N, K, M, p, epi, dw_sm_count(ctx), "grouped_matmul_backward_adamw");
 }
 
 inline bool aligned16(const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15u) == 0; }
@@ -381,16 +380,14 @@ inline bool dw_adamw_supported(const Context& ctx, int E, int64_t N, int64_t K, 
 // Returns false (launching nothing) when dw_adamw_supported is false. variant (benchmark knob): bit 2
 // (4) = the other walk depth (default: 2 vectors per thread in flight, measured fastest on H100;
 // other: 4 for all-bf16, 1 for f32); bit 3 (8) = fetch a tile's first w, m, v after its mainloop
-// instead of before it (measured 2-4% slower); bit 4 (16) = all-bf16 with the default walk on 2-CTA
-// clusters that share the x slabs of row-tile pairs. Bits 0-1 (removed L2 prefetch modes) are ignored.
+// instead of before it (measured 2-4% slower). Bits 0-1 (removed L2 prefetch modes) are ignored.
 inline bool dispatch_dw_adamw(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, int E, int64_t N,
                               int64_t K, int64_t M, const DwAdamWArgs& a, double* partial, int variant = 0) {
   if (!dw_adamw_supported(ctx, E, N, K, M, a)) return false;
-  const int alt = (variant >> 2) & 1, early = !((variant >> 3) & 1), cl2 = (variant >> 4) & 1;
+  const int alt = (variant >> 2) & 1, early = !((variant >> 3) & 1);
   using u16 = uint16_t;
   if (a.grad_bf16 && a.master_bf16) {
-    if (cl2 && !alt && early) dwa::launch<256, bf16, 64, u16, u16, u16, 2, true, 2>(ctx, x, dy, off, E, N, K, M, a, partial);
-    else if (alt && early) dwa::launch<256, bf16, 64, u16, u16, u16, 4, true>(ctx, x, dy, off, E, N, K, M, a, partial);
+    if (alt && early) dwa::launch<256, bf16, 64, u16, u16, u16, 4, true>(ctx, x, dy, off, E, N, K, M, a, partial);
     else if (alt) dwa::launch<256, bf16, 64, u16, u16, u16, 4>(ctx, x, dy, off, E, N, K, M, a, partial);
     else if (early) dwa::launch<256, bf16, 64, u16, u16, u16, 2, true>(ctx, x, dy, off, E, N, K, M, a, partial);
     else dwa::launch<256, bf16, 64, u16, u16, u16, 2>(ctx, x, dy, off, E, N, K, M, a, partial);
