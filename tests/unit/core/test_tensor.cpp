@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <set>
+#include <vector>
 
 #include "core/context.h"
 #include "core/philox.h"
@@ -79,6 +80,17 @@ TEST(Allocator, AccountsByCategory) {
   size_t wi = static_cast<size_t>(MemCategory::kWeights);
   EXPECT_EQ(after.current[wi], before.current[wi]);
   EXPECT_GE(after.peak[wi], before.current[wi] + 4000u);
+}
+
+// Known answers of Philox4x32-10 published with Random123 (Salmon et al.'s reference implementation,
+// kat_vectors): counter words 0..3 and key words 0..1, low word first.
+TEST(Rng, PhiloxMatchesRandom123KnownAnswers) {
+  auto words = [](const Philox4& r) { return std::vector<uint32_t>(r.v, r.v + 4); };
+  EXPECT_EQ(words(philox4x32(0, 0, 0)), (std::vector<uint32_t>{0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}));
+  EXPECT_EQ(words(philox4x32(~0ull, ~0ull, ~0ull)),
+            (std::vector<uint32_t>{0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}));
+  EXPECT_EQ(words(philox4x32(0x299f31d0a4093822ull, 0x0370734413198a2eull, 0x85a308d3243f6a88ull)),
+            (std::vector<uint32_t>{0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}));
 }
 
 TEST(Rng, PhiloxIsReproducibleAndSpread) {
