@@ -7,11 +7,13 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include <fmt/format.h>
 
 #include "core/context.h"
 #include "core/philox.h"
+#include "kernels/adamw_math.h"
 #include "kernels/ops.h"
 #include "unit/kernels/reference.h"
 
@@ -108,6 +110,32 @@ TEST(AdamWPrecision, NearestEvenBf16WeightsEqualRoundingTheF32Update) {
   ops::adamw_step(ctx, wb, tensor(g0, {n}), mb, vb, p, none);
   for (int64_t i = 0; i < n; ++i)
     ASSERT_EQ(wb.data<uint16_t>()[i], float_to_bf16(wf.data<float>()[i])) << i;  // torch's fused AdamW on bf16
+}
+
+// bf16_stochastic has no exponent test: infinities survive the add of the 16 random bits, NaN is
+// caught by a compare. Same bits as the definition with the test (bf16_rne for Inf and NaN).
+TEST(AdamWPrecision, StochasticRoundingOfNonFiniteAndLastBinadeValues) {
+  namespace am = adamw_math;
+  auto with_test = [](float f, uint32_t r) -> uint16_t {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    if ((u & 0x7f800000u) == 0x7f800000u) return am::bf16_rne(f);
+    return static_cast<uint16_t>((u + (r & 0xffffu)) >> 16);
+  };
+  const uint32_t words[] = {0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xffffffffu,
+                            0x7f7fffffu, 0xff7fffffu, 0x7f7f8000u, 0x00000000u, 0x80000000u, 0x00000001u,
+                            0x3f800000u, 0x3f80ffffu};
+  const uint32_t randoms[] = {0u, 1u, 0x7fffu, 0x8000u, 0xffffu, 0x12345678u, 0xffffffffu};
+  for (uint32_t w : words)
+    for (uint32_t r : randoms) {
+      float f;
+      std::memcpy(&f, &w, 4);
+      EXPECT_EQ(am::bf16_stochastic(f, r), with_test(f, r)) << fmt::format("word {:#x} random {:#x}", w, r);
+    }
+  float inf = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(am::bf16_stochastic(inf, 0xffffu), 0x7f80u);
+  EXPECT_EQ(am::bf16_stochastic(-inf, 0xffffu), 0xff80u);
+  EXPECT_EQ(am::bf16_stochastic(std::nanf(""), 0xffffu), 0x7fffu);
 }
 
 // The new f32 weight x of every element is the same; the rounded results must average to x.
