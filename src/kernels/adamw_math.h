@@ -105,10 +105,14 @@ __device__ __forceinline__ float sqrt_fast(float x) {
   const float s = __fmul_rn(x, r), h = __fmul_rn(r, 0.5f);
   return __fmaf_rn(__fmaf_rn(-s, s, x), h, s);
 }
+// The biased exponent field in place (bits 23-30): a range of exponents is a range of these words, so
+// a test needs no shift (exponent e in [64, 190] <=> field - (64 << 23) <= (126 << 23), unsigned).
+__device__ __forceinline__ uint32_t exp_field(float x) { return __float_as_uint(x) & 0x7f800000u; }
+constexpr uint32_t kExp64 = 64u << 23, kExpSpan = 126u << 23;
 // A conservative range for div.rn's fast sequence: a and b normal with |a|, |b| in [2^-63, 2^64), so
 // the quotient, the reciprocal and the remainder stay far from overflow and underflow.
 __device__ __forceinline__ bool div_fast_ok(float a, float b) {
-  return ((__float_as_uint(a) >> 23) & 0xffu) - 64u <= 126u && ((__float_as_uint(b) >> 23) & 0xffu) - 64u <= 126u;
+  return exp_field(a) - kExp64 <= kExpSpan && exp_field(b) - kExp64 <= kExpSpan;
 }
 // div.rn's fast sequence (Newton step on the MUFU reciprocal, then one remainder correction).
 __device__ __forceinline__ float div_fast(float a, float b) {
@@ -154,8 +158,8 @@ __device__ __forceinline__ void update8(const Consts& c, const float (&grad)[8],
       // scaled quotient is at least 2^-25 (the true one is then a normal float, and rounding commutes
       // with the power of two). A smaller quotient (below 2^-125) cannot change q + wd w when
       // |wd w| >= 2^-90 (it is under a quarter of that sum's ulp): q = 0 gives the same bits.
-      const uint32_t ea = (__float_as_uint(a) >> 23) & 0xffu, ed = (__float_as_uint(denom) >> 23) & 0xffu;
-      const bool za = a == 0.0f, tiny = ea < 64u, d_ok = ed - 64u <= 126u;
+      const uint32_t ea = exp_field(a), ed = exp_field(denom);
+      const bool za = a == 0.0f, tiny = ea < kExp64, d_ok = ed - kExp64 <= kExpSpan;
       const float qd = div_fast(tiny ? mul(a, 0x1p100f) : a, denom);
       const bool big = fabsf(qd) >= 0x1p-25f, absorbed = fabsf(wdw) >= 0x1p-90f;
       if (za) {
@@ -166,7 +170,7 @@ __device__ __forceinline__ void update8(const Consts& c, const float (&grad)[8],
         ok = ok && d_ok && (big || absorbed);
       } else {
         q = qd;
-        ok = ok && d_ok && ea - 64u <= 126u;
+        ok = ok && d_ok && ea - kExp64 <= kExpSpan;
       }
     } else {
       q = div_fast(a, denom);
