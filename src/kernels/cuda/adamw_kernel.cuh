@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "kernels/adamw_math.h"
+#include "kernels/cuda/pdl.cuh"
 
 namespace moetrain::cuda::adamw_detail {
 
@@ -130,6 +131,7 @@ __device__ __forceinline__ void adamw_chunk(W* __restrict__ w, const G* __restri
 template <typename W, typename G, typename M, typename V, typename C, bool kVec>
 __global__ void adamw_kernel(W* __restrict__ w, const G* __restrict__ g, M* __restrict__ m, V* __restrict__ v,
                              C* __restrict__ comp, int64_t n, am::Consts k, bool sr, uint64_t key, uint64_t counter) {
+  pdl_wait();
   const int64_t chunks = kVec ? (n + 7) / 8 : n;
   for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < chunks; c += (int64_t)gridDim.x * blockDim.x)
     adamw_chunk<W, G, M, V, C, kVec>(w, g, m, v, comp, n, k, sr, key, counter, c);
@@ -160,6 +162,7 @@ static_assert(sizeof(MultiBatch) <= 4000, "a MultiBatch must fit the 4 KB kernel
 
 template <typename W, typename G, typename M, typename V, typename C>
 __global__ void adamw_multi_kernel(const __grid_constant__ MultiBatch b) {
+  pdl_wait();
   const int64_t total = b.start[b.njobs];
   for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < total; c += (int64_t)gridDim.x * blockDim.x) {
     int lo = 0, hi = b.njobs - 1;  // the last job whose first chunk is at most c

@@ -50,6 +50,7 @@ template <typename T>
 __global__ void attn_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                                 const int32_t* __restrict__ cu, Dims D, T* __restrict__ out,
                                 float* __restrict__ lse) {
+  pdl_wait();
   extern __shared__ float smem[];
   const int64_t d = D.d, ld = d + 1;
   float* Ks = smem;               // [kTile][d+1]
@@ -124,6 +125,7 @@ __global__ void attn_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k
 template <typename T>
 __global__ void attn_bwd_dot_kernel(const T* __restrict__ out, const T* __restrict__ dout, Dims D,
                                     float* __restrict__ dsum) {
+  pdl_wait();
   const int64_t w = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (w >= D.T * D.nh) return;
@@ -141,6 +143,7 @@ __global__ void attn_bwd_dq_kernel(const T* __restrict__ q, const T* __restrict_
                                    const float* __restrict__ lse, const float* __restrict__ dsum,
                                    const T* __restrict__ dout, const int32_t* __restrict__ cu, Dims D,
                                    T* __restrict__ dq) {
+  pdl_wait();
   extern __shared__ float smem[];
   const int64_t d = D.d, ld = d + 1;
   float* Ks = smem;             // [kTile][d+1]
@@ -214,6 +217,7 @@ __global__ void attn_bwd_dkdv_kernel(const T* __restrict__ q, const T* __restric
                                      const float* __restrict__ lse, const float* __restrict__ dsum,
                                      const T* __restrict__ dout, const int32_t* __restrict__ cu, Dims D,
                                      T* __restrict__ dk, T* __restrict__ dv) {
+  pdl_wait();
   extern __shared__ float smem[];
   const int64_t d = D.d, ld = d + 1;
   float* Qs = smem;                // [kTile][d+1]
@@ -361,7 +365,7 @@ void attention_forward(Context& ctx, const Tensor& q, const Tensor& k, const Ten
   const dim3 grid(static_cast<unsigned>((D.T + kRows - 1) / kRows), static_cast<unsigned>(D.nh));
   MT_CUDA_DISPATCH(q.dtype(), T, op,
     set_smem(attn_fwd_kernel<T>, smem);
-    attn_fwd_kernel<T><<<grid, 32 * kWarps, smem, stream_of(ctx)>>>(
+    launch_pdl(attn_fwd_kernel<T>, grid, 32 * kWarps, smem, stream_of(ctx),
         static_cast<const T*>(q.data_ptr()), static_cast<const T*>(k.data_ptr()),
         static_cast<const T*>(v.data_ptr()), cu_seqlens.data<int32_t>(), D, static_cast<T*>(out.data_ptr()),
         lse.data<float>()));
@@ -412,12 +416,12 @@ void attention_backward(Context& ctx, const Tensor& q, const Tensor& k, const Te
     const T* kp = static_cast<const T*>(k.data_ptr());
     const T* vp = static_cast<const T*>(v.data_ptr());
     const T* gp = static_cast<const T*>(dout.data_ptr());
-    attn_bwd_dot_kernel<T><<<dot_blocks, 256, 0, s>>>(static_cast<const T*>(out.data_ptr()), gp, D, dsum);
+    launch_pdl(attn_bwd_dot_kernel<T>, dot_blocks, 256, 0, s, static_cast<const T*>(out.data_ptr()), gp, D, dsum);
     set_smem(attn_bwd_dq_kernel<T>, smem_dq);
-    attn_bwd_dq_kernel<T><<<grid_q, 32 * kWarps, smem_dq, s>>>(qp, kp, vp, lse.data<float>(), dsum, gp,
+    launch_pdl(attn_bwd_dq_kernel<T>, grid_q, 32 * kWarps, smem_dq, s, qp, kp, vp, lse.data<float>(), dsum, gp,
         cu_seqlens.data<int32_t>(), D, static_cast<T*>(dq.data_ptr()));
     set_smem(attn_bwd_dkdv_kernel<T>, smem_kv);
-    attn_bwd_dkdv_kernel<T><<<grid_kv, 32 * kWarps, smem_kv, s>>>(qp, kp, vp, lse.data<float>(), dsum, gp,
+    launch_pdl(attn_bwd_dkdv_kernel<T>, grid_kv, 32 * kWarps, smem_kv, s, qp, kp, vp, lse.data<float>(), dsum, gp,
         cu_seqlens.data<int32_t>(), D, static_cast<T*>(dk.data_ptr()), static_cast<T*>(dv.data_ptr())));
   check_launch(op);
 }

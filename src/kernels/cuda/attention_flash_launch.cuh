@@ -91,7 +91,7 @@ cudaError_t forward_ws(const FlashArgs& a, const CUtensorMap& mq, const CUtensor
                        cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>((a.T + kWgBM - 1) / kWgBM), static_cast<unsigned>(a.nh));
   MT_FLASH_TRY(set_smem(attn_fwd_ws_kernel<kD, kStages>, fwd_ws_smem<kD, kStages>()));
-  attn_fwd_ws_kernel<kD, kStages><<<grid, kWsThreads, fwd_ws_smem<kD, kStages>(), s>>>(mq, mk, mv, a);
+  launch_pdl(attn_fwd_ws_kernel<kD, kStages>, grid, kWsThreads, fwd_ws_smem<kD, kStages>(), s, mq, mk, mv, a);
   return cudaGetLastError();
 }
 
@@ -107,7 +107,7 @@ cudaError_t forward_d(const FlashAttnProblem& p, bf16* out, float* lse, Arch arc
   const size_t smem = (kFwdBM + 4 * kBN) * kD * 2;
   MT_FLASH_TRY(set_smem(attn_fwd_mma_kernel<kD>, smem));
   const dim3 grid(static_cast<unsigned>((p.T + kFwdBM - 1) / kFwdBM), static_cast<unsigned>(p.nh));
-  attn_fwd_mma_kernel<kD><<<grid, 32 * kFwdWarps, smem, s>>>(a);
+  launch_pdl(attn_fwd_mma_kernel<kD>, grid, 32 * kFwdWarps, smem, s, a);
   return cudaGetLastError();
 }
 
@@ -181,16 +181,16 @@ cudaError_t backward_fused_d(FlashArgs a, float* dsum, const BwdWorkspace& w, co
   const unsigned prep_blocks = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((rows + 7) / 8, 16 * std::max(sm_count, 1))));
   int* jb_lo = a.sems + w.ncounters;
   a.jb_lo = jb_lo;
-  attn_bwd_prep_kernel<kD><<<prep_blocks, 256, 0, s>>>(a, dsum, jb_lo, w.ncounters, deterministic ? 0 : 1);
+  launch_pdl(attn_bwd_prep_kernel<kD>, prep_blocks, 256, 0, s, a, dsum, jb_lo, w.ncounters, deterministic ? 0 : 1);
   MT_FLASH_TRY(cudaGetLastError());
   const int64_t ctas = (a.T + kWgBM - 1) / kWgBM * a.nkv * w.splits;
   MT_FLASH_TRY(set_smem(attn_bwd_ws_kernel<kD>, bwd_ws_smem<kD>()));
-  attn_bwd_ws_kernel<kD><<<static_cast<unsigned>(ctas), kWsThreads, bwd_ws_smem<kD>(), s>>>(
+  launch_pdl(attn_bwd_ws_kernel<kD>, static_cast<unsigned>(ctas), kWsThreads, bwd_ws_smem<kD>(), s,
       m[0], m[1], m[2], m[3], a, sm90_knobs().bwd_det_desc);
   MT_FLASH_TRY(cudaGetLastError());
   const int64_t n4 = a.T * (a.nkv + a.nh) * kD / 4;
   const unsigned blocks = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((n4 + 255) / 256, 32 * std::max(sm_count, 1))));
-  attn_bwd_finish_kernel<kD><<<blocks, 256, 0, s>>>(a, static_cast<int>(w.splits), dk, dv);
+  launch_pdl(attn_bwd_finish_kernel<kD>, blocks, 256, 0, s, a, static_cast<int>(w.splits), dk, dv);
   return cudaGetLastError();
 }
 
@@ -222,21 +222,21 @@ cudaError_t backward_d(const FlashAttnProblem& p, const bf16* o, const float* ls
     a.ticket = a.sems + (w.ncounters - 1);
     return backward_fused_d<kD>(a, dsum, w, m, dk, dv, deterministic, sm_count, s);
   }
-  attn_dot_kernel<kD><<<static_cast<unsigned>((p.T * p.nh + 7) / 8), 256, 0, s>>>(a, dsum);
+  launch_pdl(attn_dot_kernel<kD>, static_cast<unsigned>((p.T * p.nh + 7) / 8), 256, 0, s, a, dsum);
   MT_FLASH_TRY(cudaGetLastError());
   const size_t smem_dq = (2 * kFwdBM + 4 * kBN) * kD * 2;
   MT_FLASH_TRY(set_smem(attn_dq_mma_kernel<kD>, smem_dq));
   const dim3 grid_q(static_cast<unsigned>((p.T + kFwdBM - 1) / kFwdBM), static_cast<unsigned>(p.nh));
-  attn_dq_mma_kernel<kD><<<grid_q, 32 * kFwdWarps, smem_dq, s>>>(a);
+  launch_pdl(attn_dq_mma_kernel<kD>, grid_q, 32 * kFwdWarps, smem_dq, s, a);
   MT_FLASH_TRY(cudaGetLastError());
   const size_t smem_kv = (2 * kKvBN + 4 * kKvBM) * kD * 2 + 4 * kKvBM * 4;
   MT_FLASH_TRY(set_smem(attn_dkdv_mma_kernel<kD>, smem_kv));
   const dim3 grid_kv(static_cast<unsigned>((p.T + kKvBN - 1) / kKvBN), static_cast<unsigned>(p.nkv),
                      static_cast<unsigned>(splits));
-  attn_dkdv_mma_kernel<kD><<<grid_kv, 32 * kKvWarps, smem_kv, s>>>(a);
+  launch_pdl(attn_dkdv_mma_kernel<kD>, grid_kv, 32 * kKvWarps, smem_kv, s, a);
   MT_FLASH_TRY(cudaGetLastError());
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n_kv + 255) / 256, 65536));
-  attn_kv_reduce_kernel<<<blocks, 256, 0, s>>>(a.part_k, a.part_v, static_cast<int>(splits), n_kv, dk, dv);
+  launch_pdl(attn_kv_reduce_kernel, blocks, 256, 0, s, a.part_k, a.part_v, static_cast<int>(splits), n_kv, dk, dv);
   return cudaGetLastError();
 }
 

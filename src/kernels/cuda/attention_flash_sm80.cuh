@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/mma_sm80.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 namespace moetrain::cuda::flash {
 
@@ -295,6 +296,7 @@ __device__ __forceinline__ void next_kv_tiles(uint32_t sK, uint32_t sV, const bf
 
 template <int kD>
 __global__ void __launch_bounds__(32 * kFwdWarps, 1) attn_fwd_mma_kernel(FlashArgs a) {
+  pdl_wait();
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int kTile = kBN * kD * 2;
   const uint32_t sQ = mma::smem_addr(smem), sK = sQ + kFwdBM * kD * 2, sV = sK + 2 * kTile;
@@ -334,6 +336,7 @@ __global__ void __launch_bounds__(32 * kFwdWarps, 1) attn_fwd_mma_kernel(FlashAr
 // D[h, t] = dO[t, h] . O[t, h]; one warp per (t, h), 16-byte loads.
 template <int kD>
 __global__ void attn_dot_kernel(FlashArgs a, float* __restrict__ dsum) {
+  pdl_wait();
   const int64_t w = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (w >= a.T * a.nh) return;
@@ -345,6 +348,7 @@ __global__ void attn_dot_kernel(FlashArgs a, float* __restrict__ dsum) {
 // dQ = scale * sum over keys of dS K, dS = P * (dP - D), P = exp(S*scale - lse), dP = dO V^T.
 template <int kD>
 __global__ void __launch_bounds__(32 * kFwdWarps, 1) attn_dq_mma_kernel(FlashArgs a) {
+  pdl_wait();
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int kTile = kBN * kD * 2;
   const uint32_t sQ = mma::smem_addr(smem), sG = sQ + kFwdBM * kD * 2, sK = sG + kFwdBM * kD * 2,
@@ -404,6 +408,7 @@ __global__ void __launch_bounds__(32 * kFwdWarps, 1) attn_dq_mma_kernel(FlashArg
 // dV += P^T dO, dK += dS^T Q (then * scale), written as f32 partials [split][T][nkv][kD].
 template <int kD>
 __global__ void __launch_bounds__(32 * kKvWarps, 2) attn_dkdv_mma_kernel(FlashArgs a) {
+  pdl_wait();
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int kTile = kKvBM * kD * 2;
   const uint32_t sK = mma::smem_addr(smem), sV = sK + kKvBN * kD * 2, sQ = sV + kKvBN * kD * 2, sG = sQ + 2 * kTile;
@@ -480,6 +485,7 @@ __global__ void __launch_bounds__(32 * kKvWarps, 2) attn_dkdv_mma_kernel(FlashAr
 // dk/dv (bf16) = sum over splits, in order, of the f32 partials.
 static __global__ void attn_kv_reduce_kernel(const float* __restrict__ pk, const float* __restrict__ pv, int splits,
                                       int64_t n, bf16* __restrict__ dk, bf16* __restrict__ dv) {
+  pdl_wait();
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
     float sk = 0.0f, sv = 0.0f;
     for (int s = 0; s < splits; ++s) {

@@ -87,6 +87,7 @@ template <int kD, int kStages>
 __global__ void __launch_bounds__(kWsThreads, 1)
     attn_fwd_ws_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant__ CUtensorMap mk,
                        const __grid_constant__ CUtensorMap mv, FlashArgs a) {
+  pdl_wait();
 #if MT_WGMMA_ENABLED
   constexpr int kN = kWsKeys, kTile = kN * kD * 2, kS = kStages;
   extern __shared__ __align__(1024) unsigned char smem_wg[];
@@ -241,6 +242,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     attn_bwd_ws_kernel(const __grid_constant__ CUtensorMap mq, const __grid_constant__ CUtensorMap mk,
                        const __grid_constant__ CUtensorMap mv, const __grid_constant__ CUtensorMap mg, FlashArgs a,
                        int desc) {
+  pdl_wait();
 #if MT_WGMMA_ENABLED
   extern __shared__ __align__(1024) unsigned char smem_wg[];
   __shared__ int s_ticket;
@@ -461,6 +463,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 template <int kD>
 __global__ void attn_bwd_prep_kernel(FlashArgs a, float* __restrict__ dsum, int* __restrict__ jb_lo, int64_t ncounters,
                                      int zero_dq) {
+  pdl_wait();
   const int lane = threadIdx.x & 31;
   const int64_t nwarps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
   for (int64_t w = blockIdx.x * static_cast<int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5); w < a.T * a.nh;
@@ -484,6 +487,7 @@ __global__ void attn_bwd_prep_kernel(FlashArgs a, float* __restrict__ dsum, int*
 // scale * dq_acc ([nh][T][kD]). Four elements per thread step.
 template <int kD>
 __global__ void attn_bwd_finish_kernel(FlashArgs a, int splits, bf16* __restrict__ dk, bf16* __restrict__ dv) {
+  pdl_wait();
   const int64_t n_kv = a.T * a.nkv * kD / 4, n_q = a.T * a.nh * kD / 4;
   const float4* pk = reinterpret_cast<const float4*>(a.part_k);
   const float4* pv = reinterpret_cast<const float4*>(a.part_v);

@@ -11,6 +11,7 @@
 #include "core/check.h"
 #include "core/context.h"
 #include "core/tensor.h"
+#include "kernels/cuda/pdl.cuh"
 
 namespace moetrain::cuda {
 

@@ -42,6 +42,7 @@ template <typename L>
 __global__ void ce_fwd_kernel(const L* __restrict__ logits, const int32_t* __restrict__ labels,
                               const float* __restrict__ weights, int64_t V, float* __restrict__ losses,
                               float* __restrict__ lse) {
+  pdl_wait();
   __shared__ float scratch[32];
   const int64_t t = blockIdx.x;
   const L* x = logits + t * V;
@@ -62,6 +63,7 @@ template <typename L, typename D>
 __global__ void ce_bwd_kernel(const L* __restrict__ logits, const int32_t* __restrict__ labels,
                               const float* __restrict__ weights, const float* __restrict__ lse, float scale,
                               int64_t V, D* __restrict__ dlogits) {
+  pdl_wait();
   const int64_t t = blockIdx.x;
   const int32_t lab = labels[t];
   const float w = weights ? weights[t] : 1.0f;
@@ -114,6 +116,7 @@ __device__ __forceinline__ void online8(const uint4 q, float& m, float& s) {
 __global__ void ce_fwd_vec_kernel(const __nv_bfloat16* __restrict__ logits, const int32_t* __restrict__ labels,
                                   const float* __restrict__ weights, int64_t V, float* __restrict__ losses,
                                   float* __restrict__ lse) {
+  pdl_wait();
   __shared__ float scratch[32];
   const int64_t t = blockIdx.x;
   const uint4* x = reinterpret_cast<const uint4*>(logits + t * V);
@@ -134,6 +137,7 @@ __global__ void ce_fwd_vec_kernel(const __nv_bfloat16* __restrict__ logits, cons
 __global__ void ce_bwd_vec_kernel(const __nv_bfloat16* logits, const int32_t* __restrict__ labels,
                                   const float* __restrict__ weights, const float* __restrict__ lse, float scale,
                                   int64_t V, __nv_bfloat16* dlogits) {
+  pdl_wait();
   const int64_t t = blockIdx.x;
   const int32_t lab = labels[t];
   const float w = weights ? weights[t] : 1.0f;
@@ -207,14 +211,14 @@ void cross_entropy_forward(Context& ctx, const Tensor& logits, const Tensor& lab
   need_numel(lse, T, op, "lse");
   if (!T) return;
   if (ce_vec_ok(logits, nullptr)) {
-    ce_fwd_vec_kernel<<<static_cast<unsigned>(T), kVecThreads, 0, stream_of(ctx)>>>(
+    launch_pdl(ce_fwd_vec_kernel, static_cast<unsigned>(T), kVecThreads, 0, stream_of(ctx),
         static_cast<const __nv_bfloat16*>(logits.data_ptr()), labels.data<int32_t>(),
         weights.defined() ? weights.data<float>() : nullptr, V, losses.data<float>(), lse.data<float>());
     check_launch(op);
     return;
   }
   MT_CUDA_DISPATCH(logits.dtype(), L, op,
-    ce_fwd_kernel<<<static_cast<unsigned>(T), kThreads, 0, stream_of(ctx)>>>(
+    launch_pdl(ce_fwd_kernel<L>, static_cast<unsigned>(T), kThreads, 0, stream_of(ctx),
         static_cast<const L*>(logits.data_ptr()), labels.data<int32_t>(),
         weights.defined() ? weights.data<float>() : nullptr, V, losses.data<float>(), lse.data<float>()));
   check_launch(op);
@@ -234,7 +238,7 @@ void cross_entropy_backward(Context& ctx, const Tensor& logits, const Tensor& la
   if (ce_vec_ok(logits, &dlogits)) {
     const int64_t per_block = static_cast<int64_t>(kVecThreads) * kBwdVecsPerThread;
     const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>((V / 8 + per_block - 1) / per_block));
-    ce_bwd_vec_kernel<<<grid, kVecThreads, 0, stream_of(ctx)>>>(
+    launch_pdl(ce_bwd_vec_kernel, grid, kVecThreads, 0, stream_of(ctx),
         static_cast<const __nv_bfloat16*>(logits.data_ptr()), labels.data<int32_t>(),
         weights.defined() ? weights.data<float>() : nullptr, lse.data<float>(), dloss_scale, V,
         static_cast<__nv_bfloat16*>(dlogits.data_ptr()));
@@ -243,7 +247,7 @@ void cross_entropy_backward(Context& ctx, const Tensor& logits, const Tensor& la
   }
   MT_CUDA_DISPATCH(logits.dtype(), L, op,
     MT_CUDA_DISPATCH(dlogits.dtype(), D, op,
-      ce_bwd_kernel<<<static_cast<unsigned>(T), kThreads, 0, stream_of(ctx)>>>(
+      launch_pdl(ce_bwd_kernel<L, D>, static_cast<unsigned>(T), kThreads, 0, stream_of(ctx),
           static_cast<const L*>(logits.data_ptr()), labels.data<int32_t>(),
           weights.defined() ? weights.data<float>() : nullptr, lse.data<float>(), dloss_scale, V,
           static_cast<D*>(dlogits.data_ptr()))));

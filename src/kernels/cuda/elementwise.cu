@@ -23,18 +23,21 @@ constexpr int kThreads = 256;
 
 template <typename S, typename D>
 __global__ void cast_kernel(const S* __restrict__ s, D* __restrict__ d, int64_t n) {
+  pdl_wait();
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
     d[i] = from_f<D>(to_f(s[i]));
 }
 
 template <typename Y, typename X>
 __global__ void add_kernel(Y* __restrict__ y, const X* __restrict__ x, float alpha, int64_t n) {
+  pdl_wait();
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
     y[i] = from_f<Y>(to_f(y[i]) + alpha * to_f(x[i]));
 }
 
 template <typename Y>
 __global__ void scale_kernel(Y* __restrict__ y, float alpha, int64_t n) {
+  pdl_wait();
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
     y[i] = from_f<Y>(to_f(y[i]) * alpha);
 }
@@ -73,6 +76,7 @@ __device__ double sum_squares_block(const X* __restrict__ x, int64_t n, int64_t 
 
 template <typename X>
 __global__ void sum_squares_partial(const X* __restrict__ x, int64_t n, double* __restrict__ partial) {
+  pdl_wait();
   __shared__ double scratch[32];
   const double s = sum_squares_block(x, n, blockIdx.x, gridDim.x, scratch);
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
@@ -89,6 +93,7 @@ struct SquaresList {
   int count;
 };
 __global__ void sum_squares_many_partial(const SquaresList L, double* __restrict__ partial) {
+  pdl_wait();
   __shared__ double scratch[32];
   int i = 0;
   while (i + 1 < L.count && static_cast<int>(blockIdx.x) >= L.first[i + 1]) ++i;
@@ -100,6 +105,7 @@ __global__ void sum_squares_many_partial(const SquaresList L, double* __restrict
 
 template <typename X>
 __global__ void sum_partial(const X* __restrict__ x, int64_t n, double* __restrict__ partial) {
+  pdl_wait();
   __shared__ double scratch[32];
   double s = 0.0;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
@@ -109,6 +115,7 @@ __global__ void sum_partial(const X* __restrict__ x, int64_t n, double* __restri
 }
 
 __global__ void sum_partials(const double* __restrict__ partial, int n, double* __restrict__ out) {
+  pdl_wait();
   __shared__ double scratch[32];
   double s = 0.0;
   for (int i = threadIdx.x; i < n; i += blockDim.x) s += partial[i];
@@ -119,6 +126,7 @@ __global__ void sum_partials(const double* __restrict__ partial, int n, double* 
 template <typename T>
 __global__ void fill_normal_kernel(T* __restrict__ t, int64_t n, float mean, float std, uint64_t key,
                                    uint64_t counter) {
+  pdl_wait();
   const int64_t pairs = (n + 1) / 2;
   for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < pairs; j += (int64_t)gridDim.x * blockDim.x) {
     float z0, z1;
@@ -130,6 +138,7 @@ __global__ void fill_normal_kernel(T* __restrict__ t, int64_t n, float mean, flo
 
 template <typename T>
 __global__ void swiglu_fwd_kernel(const T* __restrict__ gu, T* __restrict__ h, int64_t rows, int64_t inter) {
+  pdl_wait();
   const int64_t n = rows * inter;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
     const int64_t r = i / inter, c = i - r * inter;
@@ -142,6 +151,7 @@ __global__ void swiglu_fwd_kernel(const T* __restrict__ gu, T* __restrict__ h, i
 template <typename T, typename DH>
 __global__ void swiglu_bwd_kernel(const T* __restrict__ gu, const DH* __restrict__ dh, T* __restrict__ dgu,
                                   int64_t rows, int64_t inter) {
+  pdl_wait();
   const int64_t n = rows * inter;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
     const int64_t r = i / inter, c = i - r * inter;
@@ -158,6 +168,7 @@ __global__ void swiglu_bwd_kernel(const T* __restrict__ gu, const DH* __restrict
 // pointers 16-byte aligned): the same arithmetic per element, so the same bits.
 template <typename T>
 __global__ void swiglu_fwd_vec_kernel(const T* __restrict__ gu, T* __restrict__ h, int64_t rows, int64_t inter) {
+  pdl_wait();
   constexpr int kV = 16 / sizeof(T);
   const int64_t iv = inter / kV, n = rows * iv;
   for (int64_t v = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; v < n; v += (int64_t)gridDim.x * blockDim.x) {
@@ -181,6 +192,7 @@ __global__ void swiglu_fwd_vec_kernel(const T* __restrict__ gu, T* __restrict__ 
 template <typename T>
 __global__ void swiglu_bwd_vec_kernel(const T* __restrict__ gu, const T* __restrict__ dh, T* __restrict__ dgu,
                                       int64_t rows, int64_t inter) {
+  pdl_wait();
   constexpr int kV = 16 / sizeof(T);
   const int64_t iv = inter / kV, n = rows * iv;
   for (int64_t v = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; v < n; v += (int64_t)gridDim.x * blockDim.x) {
@@ -215,6 +227,7 @@ bool vec16_ok(int64_t inter, size_t elem, std::initializer_list<const void*> ptr
 
 // acc[0] += sum of the partials, in block order (one thread: a handful of values).
 __global__ void add_partials(const double* __restrict__ partial, int n, double* __restrict__ acc) {
+  pdl_wait();
   __shared__ double scratch[32];
   double s = 0.0;
   for (int i = threadIdx.x; i < n; i += blockDim.x) s += partial[i];
@@ -231,11 +244,11 @@ double reduce_to_host(Context& ctx, const X* x, int64_t n, bool square) {
   Tensor tmp = device_scratch(ctx, static_cast<int64_t>(blocks + 1) * 8);
   double* partial = static_cast<double*>(tmp.data_ptr());
   if (square) {
-    sum_squares_partial<<<blocks, kThreads, 0, stream_of(ctx)>>>(x, n, partial);
+    launch_pdl(sum_squares_partial<X>, blocks, kThreads, 0, stream_of(ctx), x, n, partial);
   } else {
-    sum_partial<<<blocks, kThreads, 0, stream_of(ctx)>>>(x, n, partial);
+    launch_pdl(sum_partial<X>, blocks, kThreads, 0, stream_of(ctx), x, n, partial);
   }
-  sum_partials<<<1, 1024, 0, stream_of(ctx)>>>(partial, blocks, partial + blocks);
+  launch_pdl(sum_partials, 1, 1024, 0, stream_of(ctx), partial, blocks, partial + blocks);
   check_launch("reduce_to_host");
   double out = 0.0;
   MT_CUDA_CHECK(cudaMemcpyAsync(&out, partial + blocks, 8, cudaMemcpyDeviceToHost, stream_of(ctx)));
@@ -259,12 +272,12 @@ void cast(Context& ctx, const Tensor& src, Tensor& dst) {
   auto launch = [&](auto* s) {
     using S = std::remove_pointer_t<decltype(s)>;
     switch (dst.dtype()) {
-      case DType::kF32: cast_kernel<<<grid_for(n), kThreads, 0, stream_of(ctx)>>>(s, dst.data<float>(), n); break;
+      case DType::kF32: launch_pdl(cast_kernel<S, float>, grid_for(n), kThreads, 0, stream_of(ctx), s, dst.data<float>(), n); break;
       case DType::kBF16:
-        cast_kernel<<<grid_for(n), kThreads, 0, stream_of(ctx)>>>(s, static_cast<__nv_bfloat16*>(dst.data_ptr()), n);
+        launch_pdl(cast_kernel<S, __nv_bfloat16>, grid_for(n), kThreads, 0, stream_of(ctx), s, static_cast<__nv_bfloat16*>(dst.data_ptr()), n);
         break;
       case DType::kF16:
-        cast_kernel<<<grid_for(n), kThreads, 0, stream_of(ctx)>>>(s, static_cast<__half*>(dst.data_ptr()), n);
+        launch_pdl(cast_kernel<S, __half>, grid_for(n), kThreads, 0, stream_of(ctx), s, static_cast<__half*>(dst.data_ptr()), n);
         break;
       default: MT_FAIL("[cast] destination dtype {} is not supported on CUDA", dtype_name(dst.dtype()));
     }
@@ -286,7 +299,7 @@ void add_(Context& ctx, Tensor& y, const Tensor& x, float alpha) {
   if (!n) return;
   MT_CUDA_DISPATCH(y.dtype(), Y, "add_",
     MT_CUDA_DISPATCH(x.dtype(), X, "add_",
-      add_kernel<<<grid_for(n), kThreads, 0, stream_of(ctx)>>>(static_cast<Y*>(y.data_ptr()),
+      launch_pdl(add_kernel<Y, X>, grid_for(n), kThreads, 0, stream_of(ctx), static_cast<Y*>(y.data_ptr()),
                                                                static_cast<const X*>(x.data_ptr()), alpha, n)));
   check_launch("add_");
 }
@@ -296,7 +309,7 @@ void scale_(Context& ctx, Tensor& y, float alpha) {
   const int64_t n = y.numel();
   if (!n) return;
   MT_CUDA_DISPATCH(y.dtype(), Y, "scale_",
-    scale_kernel<<<grid_for(n), kThreads, 0, stream_of(ctx)>>>(static_cast<Y*>(y.data_ptr()), alpha, n));
+    launch_pdl(scale_kernel<Y>, grid_for(n), kThreads, 0, stream_of(ctx), static_cast<Y*>(y.data_ptr()), alpha, n));
   check_launch("scale_");
 }
 
@@ -314,7 +327,7 @@ void fill_normal(Context& ctx, Tensor& t, float mean, float std, RngStream strea
   const int64_t n = t.numel();
   if (!n) return;
   MT_CUDA_DISPATCH(t.dtype(), T, "fill_normal",
-    fill_normal_kernel<<<grid_for((n + 1) / 2), kThreads, 0, stream_of(ctx)>>>(
+    launch_pdl(fill_normal_kernel<T>, grid_for((n + 1) / 2), kThreads, 0, stream_of(ctx),
         static_cast<T*>(t.data_ptr()), n, mean, std, stream.key, stream.counter));
   check_launch("fill_normal");
 }
@@ -328,10 +341,10 @@ void swiglu_forward(Context& ctx, const Tensor& gu, Tensor& h) {
   if (!rows || !inter) return;
   MT_CUDA_DISPATCH(gu.dtype(), T, "swiglu_forward",
     if (vec16_ok(inter, sizeof(T), {gu.data_ptr(), h.data_ptr()})) {
-      swiglu_fwd_vec_kernel<<<grid_for(rows * inter / (16 / sizeof(T))), kThreads, 0, stream_of(ctx)>>>(
+      launch_pdl(swiglu_fwd_vec_kernel<T>, grid_for(rows * inter / (16 / sizeof(T))), kThreads, 0, stream_of(ctx),
           static_cast<const T*>(gu.data_ptr()), static_cast<T*>(h.data_ptr()), rows, inter);
     } else {
-      swiglu_fwd_kernel<<<grid_for(rows * inter), kThreads, 0, stream_of(ctx)>>>(
+      launch_pdl(swiglu_fwd_kernel<T>, grid_for(rows * inter), kThreads, 0, stream_of(ctx),
           static_cast<const T*>(gu.data_ptr()), static_cast<T*>(h.data_ptr()), rows, inter);
     });
   check_launch("swiglu_forward");
@@ -349,7 +362,7 @@ void swiglu_backward(Context& ctx, const Tensor& gu, const Tensor& dh, Tensor& d
   if (dh.dtype() == gu.dtype()) {
     MT_CUDA_DISPATCH(gu.dtype(), T, "swiglu_backward",
       if (vec16_ok(inter, sizeof(T), {gu.data_ptr(), dh.data_ptr(), dgu.data_ptr()})) {
-        swiglu_bwd_vec_kernel<<<grid_for(rows * inter / (16 / sizeof(T))), kThreads, 0, stream_of(ctx)>>>(
+        launch_pdl(swiglu_bwd_vec_kernel<T>, grid_for(rows * inter / (16 / sizeof(T))), kThreads, 0, stream_of(ctx),
             static_cast<const T*>(gu.data_ptr()), static_cast<const T*>(dh.data_ptr()), static_cast<T*>(dgu.data_ptr()),
             rows, inter);
         check_launch("swiglu_backward");
@@ -358,7 +371,7 @@ void swiglu_backward(Context& ctx, const Tensor& gu, const Tensor& dh, Tensor& d
   }
   MT_CUDA_DISPATCH(gu.dtype(), T, "swiglu_backward",
     MT_CUDA_DISPATCH(dh.dtype(), DH, "swiglu_backward",
-      swiglu_bwd_kernel<<<grid_for(rows * inter), kThreads, 0, stream_of(ctx)>>>(
+      launch_pdl(swiglu_bwd_kernel<T, DH>, grid_for(rows * inter), kThreads, 0, stream_of(ctx),
           static_cast<const T*>(gu.data_ptr()), static_cast<const DH*>(dh.data_ptr()),
           static_cast<T*>(dgu.data_ptr()), rows, inter)));
   check_launch("swiglu_backward");
@@ -411,10 +424,10 @@ void adamw_step(Context& ctx, Tensor& master, const Tensor& grad, Tensor& m, Ten
     using V = std::remove_pointer_t<decltype(vp)>;
     using C = std::remove_pointer_t<decltype(cp)>;
     if (vec)
-      adamw_detail::adamw_kernel<W, G, M, V, C, true><<<grid_for((n + 7) / 8), kThreads, 0, stream_of(ctx)>>>(
+      launch_pdl(adamw_detail::adamw_kernel<W, G, M, V, C, true>, grid_for((n + 7) / 8), kThreads, 0, stream_of(ctx),
           wp, gp, mp, vp, cp, n, k, p.stochastic_rounding, p.rng.key, p.rng.counter);
     else
-      adamw_detail::adamw_kernel<W, G, M, V, C, false><<<grid_for(n), kThreads, 0, stream_of(ctx)>>>(
+      launch_pdl(adamw_detail::adamw_kernel<W, G, M, V, C, false>, grid_for(n), kThreads, 0, stream_of(ctx),
           wp, gp, mp, vp, cp, n, k, p.stochastic_rounding, p.rng.key, p.rng.counter);
   };
   with_storage(master, op, "master", [&](auto* wp) {
@@ -479,9 +492,9 @@ void adamw_step_many(Context& ctx, std::vector<ops::AdamWTarget>& targets, const
       // The storage types of the group, from its first job (the same for all).
       ops::AdamWTarget& t0 = targets[group[b0]];
       auto launch = [&](auto* wp, auto* gp, auto* mp, auto* vp, auto* cp) {
-        ad::adamw_multi_kernel<std::remove_pointer_t<decltype(wp)>, std::remove_pointer_t<decltype(gp)>,
+        launch_pdl(ad::adamw_multi_kernel<std::remove_pointer_t<decltype(wp)>, std::remove_pointer_t<decltype(gp)>,
                                std::remove_pointer_t<decltype(mp)>, std::remove_pointer_t<decltype(vp)>,
-                               std::remove_pointer_t<decltype(cp)>><<<grid_for(total), kThreads, 0, stream_of(ctx)>>>(b);
+                               std::remove_pointer_t<decltype(cp)>>, grid_for(total), kThreads, 0, stream_of(ctx), b);
       };
       with_storage(t0.master, op, "master", [&](auto* wp) {
         with_storage(grads[group[b0]], op, "grad", [&](auto* gp) {
@@ -500,7 +513,7 @@ void adamw_step_many(Context& ctx, std::vector<ops::AdamWTarget>& targets, const
 
 void add_partials_into(Context& ctx, const double* partial, int64_t n, double* acc) {
   MT_CHECK(n >= 0 && n <= INT32_MAX, "[add_partials_into] {} partials", n);
-  add_partials<<<1, 1024, 0, stream_of(ctx)>>>(partial, static_cast<int>(n), acc);
+  launch_pdl(add_partials, 1, 1024, 0, stream_of(ctx), partial, static_cast<int>(n), acc);
   check_launch("add_partials_into");
 }
 
@@ -524,8 +537,8 @@ void sum_squares_accumulate(Context& ctx, const Tensor& x, Tensor& acc) {
   Tensor tmp = device_scratch(ctx, static_cast<int64_t>(blocks) * 8);
   double* partial = static_cast<double*>(tmp.data_ptr());
   MT_CUDA_DISPATCH(x.dtype(), X, op,
-    sum_squares_partial<<<blocks, kThreads, 0, stream_of(ctx)>>>(static_cast<const X*>(x.data_ptr()), n, partial));
-  add_partials<<<1, 1024, 0, stream_of(ctx)>>>(partial, static_cast<int>(blocks), static_cast<double*>(acc.data_ptr()));
+    launch_pdl(sum_squares_partial<X>, blocks, kThreads, 0, stream_of(ctx), static_cast<const X*>(x.data_ptr()), n, partial));
+  launch_pdl(add_partials, 1, 1024, 0, stream_of(ctx), partial, static_cast<int>(blocks), static_cast<double*>(acc.data_ptr()));
   check_launch(op);
 }
 
@@ -556,8 +569,8 @@ void sum_squares_accumulate_many(Context& ctx, const std::vector<Tensor>& xs, Te
     L.first[L.count] = static_cast<int32_t>(blocks);
     Tensor tmp = device_scratch(ctx, blocks * 8);
     double* partial = static_cast<double*>(tmp.data_ptr());
-    sum_squares_many_partial<<<static_cast<unsigned>(blocks), kThreads, 0, stream_of(ctx)>>>(L, partial);
-    add_partials<<<1, 1024, 0, stream_of(ctx)>>>(partial, static_cast<int>(blocks), static_cast<double*>(acc.data_ptr()));
+    launch_pdl(sum_squares_many_partial, static_cast<unsigned>(blocks), kThreads, 0, stream_of(ctx), L, partial);
+    launch_pdl(add_partials, 1, 1024, 0, stream_of(ctx), partial, static_cast<int>(blocks), static_cast<double*>(acc.data_ptr()));
     check_launch(op);
   }
 }

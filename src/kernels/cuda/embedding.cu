@@ -14,6 +14,7 @@ namespace {
 template <typename T>
 __global__ void embedding_fwd_kernel(const T* __restrict__ table, const int32_t* __restrict__ ids,
                                      T* __restrict__ out, int64_t V, int64_t H) {
+  pdl_wait();
   const int64_t t = blockIdx.x;
   const int32_t id = ids[t];
   const bool ok = id >= 0 && id < V;
@@ -22,6 +23,7 @@ __global__ void embedding_fwd_kernel(const T* __restrict__ table, const int32_t*
 }
 
 __global__ void iota_kernel(int32_t* __restrict__ v, int64_t n) {
+  pdl_wait();
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
     v[i] = static_cast<int32_t>(i);
 }
@@ -31,6 +33,7 @@ template <typename D>
 __global__ void embedding_bwd_kernel(const int32_t* __restrict__ sorted_ids, const int32_t* __restrict__ sorted_tok,
                                      const D* __restrict__ dout, float* __restrict__ dtable, int64_t T,
                                      int64_t V, int64_t H) {
+  pdl_wait();
   const int64_t i = blockIdx.x;
   const int32_t id = sorted_ids[i];
   if (i > 0 && sorted_ids[i - 1] == id) return;
@@ -57,7 +60,7 @@ void embedding_forward(Context& ctx, const Tensor& table, const Tensor& ids, Ten
   need_numel(out, T * H, op, "out");
   if (!T || !H) return;
   MT_CUDA_DISPATCH(table.dtype(), T_, op,
-    embedding_fwd_kernel<<<static_cast<unsigned>(T), 256, 0, stream_of(ctx)>>>(
+    launch_pdl(embedding_fwd_kernel<T_>, static_cast<unsigned>(T), 256, 0, stream_of(ctx),
         static_cast<const T_*>(table.data_ptr()), ids.data<int32_t>(), static_cast<T_*>(out.data_ptr()), V, H));
   check_launch(op);
 }
@@ -84,13 +87,13 @@ void embedding_backward(Context& ctx, const Tensor& ids, const Tensor& dout, Ten
   int32_t* sorted_ids = tok + T;
   int32_t* sorted_tok = tok + 2 * T;
   void* temp = static_cast<char*>(scratch.data_ptr()) + idx_bytes;
-  iota_kernel<<<grid_for(T), 256, 0, s>>>(tok, T);
+  launch_pdl(iota_kernel, grid_for(T), 256, 0, s, tok, T);
   check_launch(op);
   // All 32 key bits: ids outside [0, V) form their own runs and are skipped below.
   MT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, ids.data<int32_t>(), sorted_ids, tok, sorted_tok,
                                                 static_cast<int>(T), 0, 32, s));
   MT_CUDA_DISPATCH(dout.dtype(), D, op,
-    embedding_bwd_kernel<<<static_cast<unsigned>(T), 256, 0, s>>>(sorted_ids, sorted_tok,
+    launch_pdl(embedding_bwd_kernel<D>, static_cast<unsigned>(T), 256, 0, s, sorted_ids, sorted_tok,
         static_cast<const D*>(dout.data_ptr()), dtable.data<float>(), T, V, H));
   check_launch(op);
 }

@@ -44,6 +44,7 @@ struct GemmArgs {
 // rows in [off[E], N) (unused capacity, written as zeros).
 __global__ void gmm_tile_prefix_kernel(const int32_t* __restrict__ off, int E, int64_t N,
                                        int32_t* __restrict__ tile_start) {
+  pdl_wait();
   using Scan = cub::BlockScan<int32_t, kScanThreads>;
   __shared__ typename Scan::TempStorage tmp;
   __shared__ int32_t carry;
@@ -176,6 +177,7 @@ __device__ __forceinline__ void mainloop(const Operand& A, const Operand& B, int
 // grid = (column tiles, m-tile bound); blockIdx.y indexes the tile prefix.
 template <bool kBMaj>
 __global__ void __launch_bounds__(kThreads, 2) gmm_rows_mma_kernel(GemmArgs g) {
+  pdl_wait();
   const int32_t t = static_cast<int32_t>(blockIdx.y);
   if (t >= g.tile_start[g.E + 1]) return;
   int lo_g = 0, hi_g = g.E;  // the group whose tile range holds t
@@ -221,6 +223,7 @@ __global__ void __launch_bounds__(kThreads, 2) gmm_rows_mma_kernel(GemmArgs g) {
 // DwT float: f32 +=; bf16: old value + fp32 sum, rounded to nearest even.
 template <typename DwT>
 __global__ void __launch_bounds__(kThreads, 2) gmm_dw_mma_kernel(GemmArgs g) {
+  pdl_wait();
   const int e = blockIdx.z;
   const int64_t lo = g.off[e], hi = g.off[e + 1];
   if (hi <= lo && g.accumulate) return;  // overwrite mode writes zeros for an expert without rows
@@ -279,12 +282,12 @@ void launch_rows(Context& ctx, GemmArgs g, const char* op) {
   Tensor scratch = device_scratch(ctx, (g.E + 2) * 4);
   int32_t* ts = static_cast<int32_t*>(scratch.data_ptr());
   cudaStream_t s = stream_of(ctx);
-  gmm_tile_prefix_kernel<<<1, kScanThreads, 0, s>>>(g.off, g.E, g.N, ts);
+  launch_pdl(gmm_tile_prefix_kernel, 1, kScanThreads, 0, s, g.off, g.E, g.N, ts);
   check_launch(op);
   g.tile_start = ts;
   const dim3 grid(static_cast<unsigned>((g.cj + kBN - 1) / kBN), static_cast<unsigned>(g.N / kBM + g.E + 1));
   allow_smem(gmm_rows_mma_kernel<kBMaj>);
-  gmm_rows_mma_kernel<kBMaj><<<grid, kThreads, kSmemBytes, s>>>(g);
+  launch_pdl(gmm_rows_mma_kernel<kBMaj>, grid, kThreads, kSmemBytes, s, g);
   check_launch(op);
 }
 
@@ -347,10 +350,10 @@ void grouped_gemm_mma_dw(Context& ctx, const bf16* x, const bf16* dy, const int3
                   static_cast<unsigned>(E));
   if (dw_bf16) {
     allow_smem(gmm_dw_mma_kernel<bf16>);
-    gmm_dw_mma_kernel<bf16><<<grid, kThreads, kSmemBytes, stream_of(ctx)>>>(g);
+    launch_pdl(gmm_dw_mma_kernel<bf16>, grid, kThreads, kSmemBytes, stream_of(ctx), g);
   } else {
     allow_smem(gmm_dw_mma_kernel<float>);
-    gmm_dw_mma_kernel<float><<<grid, kThreads, kSmemBytes, stream_of(ctx)>>>(g);
+    launch_pdl(gmm_dw_mma_kernel<float>, grid, kThreads, kSmemBytes, stream_of(ctx), g);
   }
   check_launch("grouped_matmul_backward");
 }

@@ -152,6 +152,7 @@ __device__ __forceinline__ void epilogue_rows(const Args& g, const Tile& x, floa
 // y (kFwd) or dx (kDx): persistent CTAs over (m tile, column tile) work items.
 template <int kMode, int BN>
 __global__ void __launch_bounds__(kThreads, 1) gmm_wgmma_kernel(const Args g) {
+  pdl_wait();
 #if MT_WGMMA_ENABLED
   using C = Cfg<BN>;
   constexpr int kS = C::kStages;
@@ -309,6 +310,7 @@ struct DwCfg {
 
 template <int BN, typename DwT, int BK>
 __global__ void __launch_bounds__(kThreads, 1) gmm_wgmma_dw_kernel(const Args g, int accumulate) {
+  pdl_wait();
 #if MT_WGMMA_ENABLED
   using C = DwCfg<BN, DwT, BK>;
   constexpr int kS = C::kStages;
@@ -571,7 +573,7 @@ void launch_persistent(Context& ctx, K kernel, int smem, int64_t tile_bound, con
   MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const int sms = sm_count(ctx);
   const int64_t grid = tile_bound < sms ? (tile_bound > 0 ? tile_bound : 1) : sms;
-  kernel<<<static_cast<unsigned>(grid), kThreads, smem, stream_of(ctx)>>>(params...);
+  launch_pdl(kernel, static_cast<unsigned>(grid), kThreads, smem, stream_of(ctx), params...);
   check_launch(op);
 }
 

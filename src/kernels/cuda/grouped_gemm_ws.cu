@@ -210,6 +210,7 @@ template <int kMode, int kSched, int kCluster>
 __global__ void __launch_bounds__(kThreads, 1)
     gmm_ws_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                   const Params p) {
+  pdl_wait();
 #if MT_WGMMA_ENABLED
   using C = Cfg<kSched, kCluster>;
   constexpr int kS = C::kStages;
@@ -482,16 +483,17 @@ void launch(Context& ctx, const bf16* a, const bf16* w, const int32_t* off, int 
   auto kernel = gmm_ws_kernel<kMode, kSched, kCluster>;
   MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
   cudaLaunchConfig_t cfg{};
-  cudaLaunchAttribute attr[1];
+  cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = kCluster;
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
+  attr[1] = pdl_attribute();  // the kernel's pdl_wait() comes before its first global access
   cfg.blockDim = dim3(kThreads, 1, 1);
   cfg.dynamicSmemBytes = C::kSmem;
   cfg.stream = stream_of(ctx);
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = pdl_enabled() ? 2 : 1;
   // Persistent grid: as many clusters as fit at once (a device fact, read once per kernel), or
   // fewer when there are fewer units (bound: N / rows + E row blocks per column tile).
   int64_t slots = sm_count(ctx) / kCluster;

@@ -9,6 +9,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma_sm80.cuh"
+#include "kernels/cuda/pdl.cuh"
 #include "kernels/cuda/wgmma_sm90.cuh"
 
 namespace moetrain::cuda::gwd {
@@ -394,6 +395,7 @@ template <int BN, typename DwT, int BK, class Epi>
 __global__ void __launch_bounds__(kThreads, 1)
     gmm_ws_dw_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                      const Params p, const Epi epi) {
+  pdl_wait();
 #if MT_WGMMA_ENABLED
   using C = Cfg<BN, DwT, BK>;
   constexpr int kS = C::kStages;
@@ -602,7 +604,7 @@ void launch_dw_kernel(Context& ctx, const bf16* x, const bf16* dy, int64_t N, in
   const CUtensorMap ma = dw_map(dy, N > 0 ? N : 1, M, BK), mb = dw_map(x, N > 0 ? N : 1, K, BK);
   auto kernel = gmm_ws_dw_kernel<BN, DwT, BK, Epi>;
   MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
-  kernel<<<static_cast<unsigned>(grid), kThreads, C::kSmem, stream_of(ctx)>>>(ma, mb, p, epi);
+  launch_pdl(kernel, static_cast<unsigned>(grid), kThreads, C::kSmem, stream_of(ctx), ma, mb, p, epi);
   check_launch(op);
 }
 

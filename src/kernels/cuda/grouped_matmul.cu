@@ -71,6 +71,7 @@ __device__ __forceinline__ int expert_of(const int32_t* __restrict__ off, int E,
 template <typename A, typename W, typename O, bool kWTransposed>
 __global__ void gmm_rows_kernel(const A* __restrict__ a, const W* __restrict__ w, const int32_t* __restrict__ off,
                                 int E, int64_t N, int64_t KD, int64_t NC, O* __restrict__ out) {
+  pdl_wait();
   const int64_t r0 = blockIdx.y * (int64_t)kBM, c0 = blockIdx.x * (int64_t)kBN;
   const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
   const int64_t tile_end = min(r0 + kBM, N);
@@ -115,6 +116,7 @@ __global__ void gmm_rows_kernel(const A* __restrict__ a, const W* __restrict__ w
 template <typename X, typename G, typename D>
 __global__ void gmm_dw_kernel(const X* __restrict__ x, const G* __restrict__ dy, const int32_t* __restrict__ off,
                               int64_t M, int64_t K, D* __restrict__ dw, int accumulate) {
+  pdl_wait();
   const int e = blockIdx.z;
   const int64_t lo = off[e], hi = off[e + 1];
   if (lo >= hi && accumulate) return;  // uniform over the block: no thread reaches tile_mma's barriers
@@ -193,7 +195,7 @@ void grouped_matmul(Context& ctx, const Tensor& x, const Tensor& w, const Tensor
     return;
   }
   MT_CUDA_DISPATCH(x.dtype(), T, op,
-    gmm_rows_kernel<T, T, T, true><<<grid, kThreads, 0, stream_of(ctx)>>>(
+    launch_pdl(gmm_rows_kernel<T, T, T, true>, grid, kThreads, 0, stream_of(ctx),
         static_cast<const T*>(x.data_ptr()), static_cast<const T*>(w.data_ptr()), offsets.data<int32_t>(),
         static_cast<int>(d.E), d.N, d.K, d.M, static_cast<T*>(y.data_ptr())));
   check_launch(op);
@@ -227,7 +229,7 @@ void grouped_matmul_dx(Context& ctx, const Tensor& x, const Tensor& w, const Ten
                           static_cast<int>(d.E), d.N, d.K, d.M, static_cast<__nv_bfloat16*>(dx.data_ptr()));
     } else {
       MT_CUDA_DISPATCH(x.dtype(), T, op,
-        gmm_rows_kernel<T, T, T, false><<<grid, kThreads, 0, s>>>(
+        launch_pdl(gmm_rows_kernel<T, T, T, false>, grid, kThreads, 0, s,
             static_cast<const T*>(dy.data_ptr()), static_cast<const T*>(w.data_ptr()), offsets.data<int32_t>(),
             static_cast<int>(d.E), d.N, d.M, d.K, static_cast<T*>(dx.data_ptr())));
       check_launch(op);
@@ -303,12 +305,12 @@ bool grouped_matmul_backward_ex(Context& ctx, const Tensor& x, const Tensor& w, 
                   static_cast<unsigned>(d.E));
   if (dw_bf16) {
     MT_CUDA_DISPATCH(x.dtype(), T, op,
-      gmm_dw_kernel<T, T, __nv_bfloat16><<<grid, kThreads, 0, s>>>(
+      launch_pdl(gmm_dw_kernel<T, T, __nv_bfloat16>, grid, kThreads, 0, s,
           static_cast<const T*>(x.data_ptr()), static_cast<const T*>(dy.data_ptr()), offsets.data<int32_t>(), d.M,
           d.K, static_cast<__nv_bfloat16*>(dw.data_ptr()), dw_accumulate ? 1 : 0));
   } else {
     MT_CUDA_DISPATCH(x.dtype(), T, op,
-      gmm_dw_kernel<T, T, float><<<grid, kThreads, 0, s>>>(
+      launch_pdl(gmm_dw_kernel<T, T, float>, grid, kThreads, 0, s,
           static_cast<const T*>(x.data_ptr()), static_cast<const T*>(dy.data_ptr()), offsets.data<int32_t>(), d.M,
           d.K, dw.data<float>(), dw_accumulate ? 1 : 0));
   }

@@ -13,6 +13,7 @@ namespace {
 
 template <typename T>
 __global__ void scale_matrix_kernel(T* __restrict__ c, int64_t M, int64_t N, int64_t ldc, float beta) {
+  pdl_wait();
   const int64_t n = M * N;
   for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
     const int64_t i = e / N, j = e - i * N;
@@ -65,7 +66,7 @@ void matmul(Context& ctx, const Tensor& a, Trans ta, const Tensor& b, Trans tb, 
   const int64_t ldc = ld_of(c);
   if (K == 0) {  // op(A) op(B) is empty: C = beta * C (beta == 0 clears NaNs too)
     MT_CUDA_DISPATCH(c.dtype(), T, "matmul",
-      scale_matrix_kernel<<<grid_for(M * N), 256, 0, stream_of(ctx)>>>(static_cast<T*>(c.data_ptr()), M, N, ldc,
+      launch_pdl(scale_matrix_kernel<T>, grid_for(M * N), 256, 0, stream_of(ctx), static_cast<T*>(c.data_ptr()), M, N, ldc,
                                                                         beta));
     check_launch("matmul");
     return;

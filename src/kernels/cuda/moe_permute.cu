@@ -14,6 +14,7 @@ namespace moetrain::cuda {
 namespace {
 
 __global__ void iota_kernel(int32_t* __restrict__ v, int64_t n) {
+  pdl_wait();
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
     v[i] = static_cast<int32_t>(i);
 }
@@ -21,6 +22,7 @@ __global__ void iota_kernel(int32_t* __restrict__ v, int64_t n) {
 // offsets[e] = first sorted position whose expert id is >= e, for e in [0, E].
 __global__ void offsets_kernel(const int32_t* __restrict__ sorted, int64_t P, int E, int32_t* __restrict__ counts,
                                int32_t* __restrict__ offsets) {
+  pdl_wait();
   const int e = blockIdx.x * blockDim.x + threadIdx.x;
   if (e > E) return;
   auto lower = [&](int v) {
@@ -38,6 +40,7 @@ __global__ void offsets_kernel(const int32_t* __restrict__ sorted, int64_t P, in
 
 __global__ void scatter_rows_kernel(const int32_t* __restrict__ sorted_pick, int64_t P, int k,
                                     int32_t* __restrict__ row_of, int32_t* __restrict__ token_of) {
+  pdl_wait();
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < P; i += (int64_t)gridDim.x * blockDim.x) {
     const int32_t pick = sorted_pick[i];
     row_of[pick] = static_cast<int32_t>(i);
@@ -59,6 +62,7 @@ constexpr int kRouteMaxE = 256;  // hist is [32][E] ints in shared memory
 __global__ void __launch_bounds__(32 * kRouteWarps) route_index_block_kernel(
     const int32_t* __restrict__ idx, int64_t P, int k, int E, int32_t* __restrict__ counts,
     int32_t* __restrict__ offsets, int32_t* __restrict__ row_of, int32_t* __restrict__ token_of) {
+  pdl_wait();
   __shared__ int32_t hist[kRouteWarps][kRouteMaxE + 1];  // column E: the warp's out-of-range picks
   __shared__ int32_t total[kRouteMaxE + 1];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -133,6 +137,7 @@ __global__ void __launch_bounds__(32 * kRouteWarps) route_index_block_kernel(
 template <typename S, typename D>
 __global__ void gather_rows_kernel(const S* __restrict__ x, const int32_t* __restrict__ src_row, int64_t H,
                                    D* __restrict__ out) {
+  pdl_wait();
   const int64_t r = blockIdx.x;
   const int64_t s = src_row[r];
   for (int64_t h = threadIdx.x; h < H; h += blockDim.x) out[r * H + h] = from_f<D>(to_f(x[s * H + h]));
@@ -148,6 +153,7 @@ struct alignas(16) Pack8 {
 template <typename S, typename D>
 __global__ void gather_rows_vec_kernel(const S* __restrict__ x, const int32_t* __restrict__ src_row, int64_t H,
                                        D* __restrict__ out) {
+  pdl_wait();
   const int64_t r = blockIdx.x;
   const Pack8<S>* xs = reinterpret_cast<const Pack8<S>*>(x + src_row[r] * H);
   Pack8<D>* o = reinterpret_cast<Pack8<D>*>(out + r * H);
@@ -164,6 +170,7 @@ template <typename S, typename D>
 __global__ void combine_rows_vec_kernel(const S* __restrict__ src, const int32_t* __restrict__ row_of,
                                         const float* __restrict__ w, int k, int64_t H, D* __restrict__ out,
                                         const D* __restrict__ residual) {
+  pdl_wait();
   const int64_t t = blockIdx.x;
   for (int64_t h = threadIdx.x; h < H / 8; h += blockDim.x) {
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -195,6 +202,7 @@ template <typename S, typename D>
 __global__ void combine_rows_kernel(const S* __restrict__ src, const int32_t* __restrict__ row_of,
                                     const float* __restrict__ w, int k, int64_t H, D* __restrict__ out,
                                     const D* __restrict__ residual) {
+  pdl_wait();
   const int64_t t = blockIdx.x;
   for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
     float acc = 0.0f;
@@ -211,6 +219,7 @@ template <typename G, typename Y, typename DY>
 __global__ void unpermute_bwd_kernel(const G* __restrict__ dy, const Y* __restrict__ yp,
                                      const int32_t* __restrict__ row_of, const float* __restrict__ w, int k,
                                      int64_t H, DY* __restrict__ dyp, float* __restrict__ dw) {
+  pdl_wait();
   __shared__ float scratch[32];
   const int64_t t = blockIdx.x;
   for (int j = 0; j < k; ++j) {
@@ -233,6 +242,7 @@ template <typename G, typename Y, typename DY>
 __global__ void unpermute_bwd_vec_kernel(const G* __restrict__ dy, const Y* __restrict__ yp,
                                          const int32_t* __restrict__ row_of, const float* __restrict__ w, int k,
                                          int64_t H, DY* __restrict__ dyp, float* __restrict__ dw) {
+  pdl_wait();
   __shared__ float scratch[32];
   const int64_t t = blockIdx.x;
   const Pack8<G>* dyt = reinterpret_cast<const Pack8<G>*>(dy + t * H);
@@ -280,7 +290,7 @@ void moe_route_index(Context& ctx, const Tensor& topk_idx, int num_experts, Tens
   cudaStream_t s = stream_of(ctx);
   // Up to 256 experts and 2^20 picks (128K tokens at top-8): one block; beyond, the radix sort.
   if (E <= kRouteMaxE && P <= (int64_t{1} << 20) && env_int("MT_ROUTE_INDEX_CUB", 0) == 0) {
-    route_index_block_kernel<<<1, 32 * kRouteWarps, 0, s>>>(topk_idx.data<int32_t>(), P, static_cast<int>(k), E,
+    launch_pdl(route_index_block_kernel, 1, 32 * kRouteWarps, 0, s, topk_idx.data<int32_t>(), P, static_cast<int>(k), E,
                                                           counts.data<int32_t>(), offsets.data<int32_t>(),
                                                           row_of.data<int32_t>(), token_of.data<int32_t>());
     check_launch(op);
@@ -297,15 +307,15 @@ void moe_route_index(Context& ctx, const Tensor& topk_idx, int num_experts, Tens
   int32_t* sorted_pick = pick + 2 * P;
   void* temp = static_cast<char*>(scratch.data_ptr()) + idx_bytes;
   if (P > 0) {
-    iota_kernel<<<grid_for(P), 256, 0, s>>>(pick, P);
+    launch_pdl(iota_kernel, grid_for(P), 256, 0, s, pick, P);
     check_launch(op);
     // All 32 bits: out-of-range ids sort outside [0, E) and are left out of counts/offsets.
     MT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, topk_idx.data<int32_t>(), sorted_e, pick,
                                                   sorted_pick, static_cast<int>(P), 0, 32, s));
-    scatter_rows_kernel<<<grid_for(P), 256, 0, s>>>(sorted_pick, P, static_cast<int>(k), row_of.data<int32_t>(),
+    launch_pdl(scatter_rows_kernel, grid_for(P), 256, 0, s, sorted_pick, P, static_cast<int>(k), row_of.data<int32_t>(),
                                                     token_of.data<int32_t>());
   }
-  offsets_kernel<<<static_cast<unsigned>((E + 1 + 255) / 256), 256, 0, s>>>(sorted_e, P, E, counts.data<int32_t>(),
+  launch_pdl(offsets_kernel, static_cast<unsigned>((E + 1 + 255) / 256), 256, 0, s, sorted_e, P, E, counts.data<int32_t>(),
                                                                             offsets.data<int32_t>());
   check_launch(op);
 }
@@ -324,10 +334,10 @@ void moe_permute(Context& ctx, const Tensor& x, const Tensor& token_of, Tensor& 
   MT_CUDA_DISPATCH(x.dtype(), S, op,
     MT_CUDA_DISPATCH(xp.dtype(), D, op,
       if (packs) {
-        gather_rows_vec_kernel<<<static_cast<unsigned>(N), 256, 0, stream_of(ctx)>>>(
+        launch_pdl(gather_rows_vec_kernel<S, D>, static_cast<unsigned>(N), 256, 0, stream_of(ctx),
             static_cast<const S*>(x.data_ptr()), token_of.data<int32_t>(), H, static_cast<D*>(xp.data_ptr()));
       } else {
-        gather_rows_kernel<<<static_cast<unsigned>(N), 256, 0, stream_of(ctx)>>>(
+        launch_pdl(gather_rows_kernel<S, D>, static_cast<unsigned>(N), 256, 0, stream_of(ctx),
             static_cast<const S*>(x.data_ptr()), token_of.data<int32_t>(), H, static_cast<D*>(xp.data_ptr()));
       }));
   check_launch(op);
@@ -347,11 +357,11 @@ void moe_permute_backward(Context& ctx, const Tensor& dxp, const Tensor& row_of,
   MT_CUDA_DISPATCH(dxp.dtype(), S, op,
     MT_CUDA_DISPATCH(dx.dtype(), D, op,
       if (packs) {
-        combine_rows_vec_kernel<<<static_cast<unsigned>(T), 256, 0, stream_of(ctx)>>>(
+        launch_pdl(combine_rows_vec_kernel<S, D>, static_cast<unsigned>(T), 256, 0, stream_of(ctx),
             static_cast<const S*>(dxp.data_ptr()), row_of.data<int32_t>(), nullptr, static_cast<int>(k), H,
             static_cast<D*>(dx.data_ptr()), static_cast<const D*>(nullptr));
       } else {
-        combine_rows_kernel<<<static_cast<unsigned>(T), 256, 0, stream_of(ctx)>>>(
+        launch_pdl(combine_rows_kernel<S, D>, static_cast<unsigned>(T), 256, 0, stream_of(ctx),
             static_cast<const S*>(dxp.data_ptr()), row_of.data<int32_t>(), nullptr, static_cast<int>(k), H,
             static_cast<D*>(dx.data_ptr()), static_cast<const D*>(nullptr));
       }));
@@ -382,11 +392,11 @@ void moe_unpermute(Context& ctx, const Tensor& yp, const Tensor& row_of, const T
     MT_CUDA_DISPATCH(y.dtype(), D, op,
       const D* res = residual.defined() ? static_cast<const D*>(residual.data_ptr()) : nullptr;
       if (packs) {
-        combine_rows_vec_kernel<<<static_cast<unsigned>(T), 256, 0, stream_of(ctx)>>>(
+        launch_pdl(combine_rows_vec_kernel<S, D>, static_cast<unsigned>(T), 256, 0, stream_of(ctx),
             static_cast<const S*>(yp.data_ptr()), row_of.data<int32_t>(), topk_w.data<float>(), static_cast<int>(k),
             H, static_cast<D*>(y.data_ptr()), res);
       } else {
-        combine_rows_kernel<<<static_cast<unsigned>(T), 256, 0, stream_of(ctx)>>>(
+        launch_pdl(combine_rows_kernel<S, D>, static_cast<unsigned>(T), 256, 0, stream_of(ctx),
             static_cast<const S*>(yp.data_ptr()), row_of.data<int32_t>(), topk_w.data<float>(), static_cast<int>(k),
             H, static_cast<D*>(y.data_ptr()), res);
       }));
@@ -415,11 +425,11 @@ void moe_unpermute_backward(Context& ctx, const Tensor& dy, const Tensor& yp, co
     MT_CUDA_DISPATCH(yp.dtype(), Y, op,
       MT_CUDA_DISPATCH(dyp.dtype(), DY, op,
         if (packs) {
-          unpermute_bwd_vec_kernel<<<static_cast<unsigned>(T), 256, 0, stream_of(ctx)>>>(
+          launch_pdl(unpermute_bwd_vec_kernel<G, Y, DY>, static_cast<unsigned>(T), 256, 0, stream_of(ctx),
               static_cast<const G*>(dy.data_ptr()), static_cast<const Y*>(yp.data_ptr()), row_of.data<int32_t>(),
               topk_w.data<float>(), static_cast<int>(k), H, static_cast<DY*>(dyp.data_ptr()), dtopk_w.data<float>());
         } else {
-          unpermute_bwd_kernel<<<static_cast<unsigned>(T), 256, 0, stream_of(ctx)>>>(
+          launch_pdl(unpermute_bwd_kernel<G, Y, DY>, static_cast<unsigned>(T), 256, 0, stream_of(ctx),
               static_cast<const G*>(dy.data_ptr()), static_cast<const Y*>(yp.data_ptr()), row_of.data<int32_t>(),
               topk_w.data<float>(), static_cast<int>(k), H, static_cast<DY*>(dyp.data_ptr()), dtopk_w.data<float>());
         })));

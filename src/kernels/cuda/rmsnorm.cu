@@ -25,6 +25,7 @@ int64_t rmsnorm_bwd_rows_per_block(int64_t R) {
 template <typename X, typename W>
 __global__ void rmsnorm_fwd_kernel(const X* __restrict__ x, const W* __restrict__ w, float eps,
                                    X* __restrict__ y, float* __restrict__ rstd, int64_t R, int64_t D) {
+  pdl_wait();
   const int64_t r = blockIdx.x * (int64_t)kRowsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (r >= R) return;
@@ -45,6 +46,7 @@ template <typename X, typename W, typename G>
 __global__ void rmsnorm_bwd_dx_kernel(const X* __restrict__ x, const W* __restrict__ w,
                                       const float* __restrict__ rstd, const G* __restrict__ dy,
                                       X* __restrict__ dx, int64_t R, int64_t D) {
+  pdl_wait();
   const int64_t r = blockIdx.x * (int64_t)kRowsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (r >= R) return;
@@ -66,6 +68,7 @@ template <typename X, typename G>
 __global__ void rmsnorm_dw_partial_kernel(const X* __restrict__ x, const float* __restrict__ rstd,
                                           const G* __restrict__ dy, float* __restrict__ partial, int64_t R,
                                           int64_t D, int64_t rows_per_chunk) {
+  pdl_wait();
   const int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   const int64_t c = blockIdx.y;
   if (j >= D) return;
@@ -79,6 +82,7 @@ __global__ void rmsnorm_dw_partial_kernel(const X* __restrict__ x, const float* 
 // chunks ty, ty + 32, ... of column tx, then row 0 adds the 32 sums in ty order (fixed: deterministic).
 __global__ void column_sum_add_kernel(const float* __restrict__ partial, int64_t chunks, int64_t D,
                                       float* __restrict__ out) {
+  pdl_wait();
   __shared__ float sums[32][33];
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t j = blockIdx.x * 32 + tx;
@@ -202,6 +206,7 @@ template <int EPL, typename W, bool kRope>
 __global__ void __launch_bounds__(32 * kRowsPerBlock) rmsnorm_fwd_vec_kernel(
     const __nv_bfloat16* __restrict__ x, const W* __restrict__ w, float eps, __nv_bfloat16* __restrict__ y,
     float* __restrict__ rstd, int64_t R, int64_t rows_per_block, RopeArgs ra) {
+  pdl_wait();
   using L = Lanes<EPL>;
   constexpr int D = 32 * EPL;
   __shared__ RopeTable<kRope> tab;
@@ -240,6 +245,7 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock) rmsnorm_bwd_vec_kernel(
     const __nv_bfloat16* __restrict__ x, const W* __restrict__ w, const float* __restrict__ rstd,
     const __nv_bfloat16* dy, __nv_bfloat16* dx, bool accumulate, int64_t R, int64_t rows_per_block,
     float* __restrict__ partial, RopeArgs ra) {
+  pdl_wait();
   using L = Lanes<EPL>;
   constexpr int D = 32 * EPL;
   __shared__ float sums[kRowsPerBlock / 2][D];  // 32 KB at D = 2048
@@ -355,7 +361,7 @@ void rmsnorm_forward(Context& ctx, const Tensor& x, const Tensor& w, float eps, 
   const unsigned blocks = static_cast<unsigned>((R + kRowsPerBlock - 1) / kRowsPerBlock);
   if (rmsnorm_vec_ok(x, w, {&y})) {
     MT_CUDA_DISPATCH(w.dtype(), W, op, with_epl(D, [&]<int EPL>() {
-      rmsnorm_fwd_vec_kernel<EPL, W, false><<<blocks, 32 * kRowsPerBlock, 0, stream_of(ctx)>>>(
+      launch_pdl(rmsnorm_fwd_vec_kernel<EPL, W, false>, blocks, 32 * kRowsPerBlock, 0, stream_of(ctx),
           static_cast<const __nv_bfloat16*>(x.data_ptr()), static_cast<const W*>(w.data_ptr()), eps,
           static_cast<__nv_bfloat16*>(y.data_ptr()), rstd.data<float>(), R, kRowsPerBlock, RopeArgs{});
     }));
@@ -364,7 +370,7 @@ void rmsnorm_forward(Context& ctx, const Tensor& x, const Tensor& w, float eps, 
   }
   MT_CUDA_DISPATCH(x.dtype(), X, op,
     MT_CUDA_DISPATCH(w.dtype(), W, op,
-      rmsnorm_fwd_kernel<<<blocks, 32 * kRowsPerBlock, 0, stream_of(ctx)>>>(
+      launch_pdl(rmsnorm_fwd_kernel<X, W>, blocks, 32 * kRowsPerBlock, 0, stream_of(ctx),
           static_cast<const X*>(x.data_ptr()), static_cast<const W*>(w.data_ptr()), eps,
           static_cast<X*>(y.data_ptr()), rstd.data<float>(), R, D)));
   check_launch(op);
@@ -396,12 +402,12 @@ void rmsnorm_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tens
     Tensor scratch = device_scratch(ctx, chunks * D * 4);
     float* partial = static_cast<float*>(scratch.data_ptr());
     MT_CUDA_DISPATCH(w.dtype(), W, op, with_epl(D, [&]<int EPL>() {
-      rmsnorm_bwd_vec_kernel<EPL, W, false><<<static_cast<unsigned>(chunks), 32 * kRowsPerBlock, 0, s>>>(
+      launch_pdl(rmsnorm_bwd_vec_kernel<EPL, W, false>, static_cast<unsigned>(chunks), 32 * kRowsPerBlock, 0, s,
           static_cast<const __nv_bfloat16*>(x.data_ptr()), static_cast<const W*>(w.data_ptr()), rstd.data<float>(),
           static_cast<const __nv_bfloat16*>(dy.data_ptr()), static_cast<__nv_bfloat16*>(dx.data_ptr()), dx_accumulate,
           R, rows_per_block, partial, RopeArgs{});
     }));
-    column_sum_add_kernel<<<static_cast<unsigned>((D + 31) / 32), dim3(32, 32), 0, s>>>(partial, chunks, D,
+    launch_pdl(column_sum_add_kernel, static_cast<unsigned>((D + 31) / 32), dim3(32, 32), 0, s, partial, chunks, D,
                                                                                         dw.data<float>());
     check_launch(op);
     return;
@@ -426,13 +432,13 @@ void rmsnorm_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tens
   MT_CUDA_DISPATCH(x.dtype(), X, op,
     MT_CUDA_DISPATCH(dy.dtype(), G, op,
       MT_CUDA_DISPATCH(w.dtype(), W, op,
-        rmsnorm_bwd_dx_kernel<<<blocks, 32 * kRowsPerBlock, 0, s>>>(
+        launch_pdl(rmsnorm_bwd_dx_kernel<X, W, G>, blocks, 32 * kRowsPerBlock, 0, s,
             static_cast<const X*>(x.data_ptr()), static_cast<const W*>(w.data_ptr()), rstd.data<float>(),
             static_cast<const G*>(dy.data_ptr()), static_cast<X*>(dx_out->data_ptr()), R, D));
-      rmsnorm_dw_partial_kernel<<<pgrid, 128, 0, s>>>(static_cast<const X*>(x.data_ptr()), rstd.data<float>(),
+      launch_pdl(rmsnorm_dw_partial_kernel<X, G>, pgrid, 128, 0, s, static_cast<const X*>(x.data_ptr()), rstd.data<float>(),
                                                       static_cast<const G*>(dy.data_ptr()), partial, R, D,
                                                       rows_per_chunk)));
-  column_sum_add_kernel<<<static_cast<unsigned>((D + 31) / 32), dim3(32, 32), 0, s>>>(partial, chunks, D, dw.data<float>());
+  launch_pdl(column_sum_add_kernel, static_cast<unsigned>((D + 31) / 32), dim3(32, 32), 0, s, partial, chunks, D, dw.data<float>());
   check_launch(op);
   if (dx_accumulate) add_(ctx, dx, part, 1.0f);
 }
@@ -473,7 +479,7 @@ void norm_rope_forward(Context& ctx, const Tensor& x, const Tensor& w, float eps
   need_cuda(rstd, op, "rstd");
   const unsigned blocks = static_cast<unsigned>((R + rows_per_block - 1) / rows_per_block);
   MT_CUDA_DISPATCH(w.dtype(), W, op,
-    rmsnorm_fwd_vec_kernel<4, W, true><<<blocks, 32 * kRowsPerBlock, 0, stream_of(ctx)>>>(
+    launch_pdl(rmsnorm_fwd_vec_kernel<4, W, true>, blocks, 32 * kRowsPerBlock, 0, stream_of(ctx),
         static_cast<const __nv_bfloat16*>(x.data_ptr()), static_cast<const W*>(w.data_ptr()), eps,
         static_cast<__nv_bfloat16*>(y.data_ptr()), rstd.data<float>(), R, rows_per_block,
         rope_args(pos, theta, heads, 1.0f)));
@@ -501,11 +507,11 @@ void norm_rope_backward(Context& ctx, const Tensor& x, const Tensor& w, const Te
   Tensor scratch = device_scratch(ctx, chunks * d * 4);
   float* partial = static_cast<float*>(scratch.data_ptr());
   MT_CUDA_DISPATCH(w.dtype(), W, op,
-    rmsnorm_bwd_vec_kernel<4, W, true><<<static_cast<unsigned>(chunks), 32 * kRowsPerBlock, 0, s>>>(
+    launch_pdl(rmsnorm_bwd_vec_kernel<4, W, true>, static_cast<unsigned>(chunks), 32 * kRowsPerBlock, 0, s,
         static_cast<const __nv_bfloat16*>(x.data_ptr()), static_cast<const W*>(w.data_ptr()), rstd.data<float>(),
         static_cast<const __nv_bfloat16*>(dy.data_ptr()), static_cast<__nv_bfloat16*>(dx.data_ptr()), false, R,
         rows_per_block, partial, rope_args(pos, theta, heads, -1.0f)));
-  column_sum_add_kernel<<<static_cast<unsigned>((d + 31) / 32), dim3(32, 32), 0, s>>>(partial, chunks, d,
+  launch_pdl(column_sum_add_kernel, static_cast<unsigned>((d + 31) / 32), dim3(32, 32), 0, s, partial, chunks, d,
                                                                                       dw.data<float>());
   check_launch(op);
 }

@@ -21,6 +21,7 @@ struct InvFreq {
 template <typename S, typename D>
 __global__ void rope_kernel(const S* __restrict__ src, const int32_t* __restrict__ pos, const InvFreq inv,
                             float sign, D* dst, int64_t heads, int64_t d) {
+  pdl_wait();
   __shared__ float cs[kMaxHalf], sn[kMaxHalf];
   const int64_t t = blockIdx.x, half = d / 2;
   const float p = static_cast<float>(pos[t]);
@@ -58,7 +59,7 @@ void rotate(Context& ctx, const Tensor& src, const Tensor& pos, float theta, flo
     inv.v[i] = 1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(d));
   MT_CUDA_DISPATCH(src.dtype(), S, op,
     MT_CUDA_DISPATCH(dst.dtype(), D, op,
-      rope_kernel<<<static_cast<unsigned>(T), 256, 0, stream_of(ctx)>>>(
+      launch_pdl(rope_kernel<S, D>, static_cast<unsigned>(T), 256, 0, stream_of(ctx),
           static_cast<const S*>(src.data_ptr()), pos.data<int32_t>(), inv, sign,
           static_cast<D*>(dst.data_ptr()), heads, d)));
   check_launch(op);

@@ -34,6 +34,7 @@ __device__ __forceinline__ bool before(float pa, int a, float pb, int b) { retur
 __global__ void router_topk_kernel(const float* __restrict__ logits, int64_t T, int64_t E, int k, bool normalize,
                                    float* __restrict__ probs, int32_t* __restrict__ topk_idx,
                                    float* __restrict__ topk_w) {
+  pdl_wait();
   const int64_t t = blockIdx.x * (int64_t)kWarpsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (t >= T) return;
@@ -81,6 +82,7 @@ __global__ void router_topk_kernel(const float* __restrict__ logits, int64_t T, 
 __global__ void router_topk_bwd_kernel(const float* __restrict__ probs, const int32_t* __restrict__ topk_idx,
                                        const float* __restrict__ dtopk_w, const float* __restrict__ dprobs_extra,
                                        bool normalize, int64_t T, int64_t E, int k, float* __restrict__ dlogits) {
+  pdl_wait();
   const int64_t t = blockIdx.x * (int64_t)kWarpsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (t >= T) return;
@@ -109,6 +111,7 @@ __global__ void router_topk_bwd_kernel(const float* __restrict__ probs, const in
 __global__ void router_stats_partial_kernel(const float* __restrict__ probs, const int32_t* __restrict__ topk_idx,
                                             int64_t T, int64_t E, int k, int64_t rows_per_chunk,
                                             int32_t* __restrict__ pcount, float* __restrict__ pprob) {
+  pdl_wait();
   extern __shared__ int32_t hist[];  // [E]
   const int64_t c = blockIdx.x, r0 = c * rows_per_chunk, r1 = min(T, r0 + rows_per_chunk);
   for (int64_t e = threadIdx.x; e < E; e += blockDim.x) hist[e] = 0;
@@ -133,6 +136,7 @@ static_assert((kMaxChunks & (kMaxChunks - 1)) == 0 && kMaxChunks <= 1024, "the f
 __global__ void router_stats_final_kernel(const int32_t* __restrict__ pcount, const float* __restrict__ pprob,
                                           int64_t chunks, int64_t E, float* __restrict__ counts,
                                           float* __restrict__ prob_sum) {
+  pdl_wait();
   __shared__ int32_t sn[kMaxChunks];
   __shared__ float ss[kMaxChunks];
   const int64_t e = blockIdx.x;
@@ -155,6 +159,7 @@ __global__ void router_stats_final_kernel(const int32_t* __restrict__ pcount, co
 
 __global__ void aux_loss_bwd_kernel(const float* __restrict__ counts, int64_t T, int64_t E, double rows, double coef,
                                     float* __restrict__ dprobs) {
+  pdl_wait();
   const int64_t n = T * E;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
     const int64_t e = i % E;
@@ -163,6 +168,7 @@ __global__ void aux_loss_bwd_kernel(const float* __restrict__ counts, int64_t T,
 }
 
 __global__ void zloss_fwd_kernel(const float* __restrict__ logits, int64_t T, int64_t E, float* __restrict__ lse) {
+  pdl_wait();
   const int64_t t = blockIdx.x * (int64_t)kWarpsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (t >= T) return;
@@ -172,6 +178,7 @@ __global__ void zloss_fwd_kernel(const float* __restrict__ logits, int64_t T, in
 
 __global__ void zloss_bwd_kernel(const float* __restrict__ logits, const float* __restrict__ lse, float scale,
                                  int64_t T, int64_t E, float* __restrict__ dlogits) {
+  pdl_wait();
   const int64_t n = T * E;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
     const float l = lse[i / E];
@@ -200,7 +207,7 @@ void router_topk(Context& ctx, const Tensor& logits, int k, bool normalize, Tens
   need_numel(topk_idx, T * k, op, "topk_idx");
   need_numel(topk_w, T * k, op, "topk_w");
   if (!T) return;
-  router_topk_kernel<<<warp_blocks(T), 32 * kWarpsPerBlock, 0, stream_of(ctx)>>>(
+  launch_pdl(router_topk_kernel, warp_blocks(T), 32 * kWarpsPerBlock, 0, stream_of(ctx),
       logits.data<float>(), T, E, k, normalize, probs.data<float>(), topk_idx.data<int32_t>(), topk_w.data<float>());
   check_launch(op);
 }
@@ -221,7 +228,7 @@ void router_topk_backward(Context& ctx, const Tensor& probs, const Tensor& topk_
     need_numel(dprobs_extra, T * E, op, "dprobs_extra");
   }
   if (!T) return;
-  router_topk_bwd_kernel<<<warp_blocks(T), 32 * kWarpsPerBlock, 0, stream_of(ctx)>>>(
+  launch_pdl(router_topk_bwd_kernel, warp_blocks(T), 32 * kWarpsPerBlock, 0, stream_of(ctx),
       probs.data<float>(), topk_idx.data<int32_t>(), dtopk_w.data<float>(),
       dprobs_extra.defined() ? dprobs_extra.data<float>() : nullptr, normalize, T, E, static_cast<int>(k),
       dlogits.data<float>());
@@ -244,9 +251,9 @@ void router_stats(Context& ctx, const Tensor& probs, const Tensor& topk_idx, Ten
   Tensor scratch = device_scratch(ctx, chunks * E * 8);
   int32_t* pcount = static_cast<int32_t*>(scratch.data_ptr());
   float* pprob = reinterpret_cast<float*>(pcount + chunks * E);
-  router_stats_partial_kernel<<<static_cast<unsigned>(chunks), 256, E * 4, stream_of(ctx)>>>(
+  launch_pdl(router_stats_partial_kernel, static_cast<unsigned>(chunks), 256, E * 4, stream_of(ctx),
       probs.data<float>(), topk_idx.data<int32_t>(), T, E, static_cast<int>(k), rows_per_chunk, pcount, pprob);
-  router_stats_final_kernel<<<static_cast<unsigned>(E), kMaxChunks, 0, stream_of(ctx)>>>(
+  launch_pdl(router_stats_final_kernel, static_cast<unsigned>(E), kMaxChunks, 0, stream_of(ctx),
       pcount, pprob, chunks, E, counts.data<float>(), prob_sum.data<float>());
   check_launch(op);
 }
@@ -271,7 +278,7 @@ void aux_loss_backward(Context& ctx, const Tensor& counts, int64_t rows, float c
   need_numel(counts, E, op, "counts");
   MT_CHECK(rows > 0, "[aux_loss_backward] rows = {}, expected > 0", rows);
   if (!T || !E) return;
-  aux_loss_bwd_kernel<<<grid_for(T * E), 256, 0, stream_of(ctx)>>>(counts.data<float>(), T, E,
+  launch_pdl(aux_loss_bwd_kernel, grid_for(T * E), 256, 0, stream_of(ctx), counts.data<float>(), T, E,
                                                                     static_cast<double>(rows), coef,
                                                                     dprobs.data<float>());
   check_launch(op);
@@ -284,7 +291,7 @@ double router_zloss_forward(Context& ctx, const Tensor& logits, Tensor& lse) {
   const int64_t T = logits.size(0), E = logits.size(1);
   need_numel(lse, T, op, "lse");
   if (!T) return 0.0;
-  zloss_fwd_kernel<<<warp_blocks(T), 32 * kWarpsPerBlock, 0, stream_of(ctx)>>>(logits.data<float>(), T, E,
+  launch_pdl(zloss_fwd_kernel, warp_blocks(T), 32 * kWarpsPerBlock, 0, stream_of(ctx), logits.data<float>(), T, E,
                                                                                lse.data<float>());
   check_launch(op);
   return reduce_to_host(ctx, lse.data<float>(), T, true);
@@ -299,7 +306,7 @@ void router_zloss_backward(Context& ctx, const Tensor& logits, const Tensor& lse
   need_numel(lse, T, op, "lse");
   need_numel(dlogits, T * E, op, "dlogits");
   if (!T || !E) return;
-  zloss_bwd_kernel<<<grid_for(T * E), 256, 0, stream_of(ctx)>>>(logits.data<float>(), lse.data<float>(), scale, T,
+  launch_pdl(zloss_bwd_kernel, grid_for(T * E), 256, 0, stream_of(ctx), logits.data<float>(), lse.data<float>(), scale, T,
                                                                 E, dlogits.data<float>());
   check_launch(op);
 }
