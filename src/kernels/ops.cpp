@@ -522,21 +522,6 @@ void grouped_matmul(Context& ctx, const Tensor& x, const Tensor& w, const Tensor
   MT_DISPATCH(dev, grouped_matmul, ctx, x, w, offsets, y);
 }
 
-void grouped_matmul_swiglu(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& offsets, Tensor& gu,
-                           Tensor& act) {
-  const char* op = "grouped_matmul_swiglu";
-  const Device dev = device_of(ctx, op, {{x, "x"}, {w, "w"}, {offsets, "offsets"}, {gu, "gu"}, {act, "act"}});
-  expect_float(x, {-1, -1}, op, "x");
-  expect_float(w, {-1, -1, x.size(1)}, op, "w");
-  check_same_dtype(w, x, op, "w", "x");
-  MT_CHECK(w.size(1) % 2 == 0, "[grouped_matmul_swiglu] w {} has an odd number of rows; expected gate|up (2I)", w.desc());
-  expect(offsets, {w.size(0) + 1}, DType::kI32, op, "offsets");
-  expect_float(gu, {x.size(0), w.size(1)}, op, "gu");
-  check_same_dtype(act, gu, op, "act", "gu");
-  check_shape(act, {x.size(0), w.size(1) / 2}, op, "act");
-  MT_DISPATCH(dev, grouped_matmul_swiglu, ctx, x, w, offsets, gu, act);
-}
-
 namespace {
 // The operand checks shared by grouped_matmul_backward and grouped_matmul_backward_adamw.
 void check_gmm_backward(const char* op, const Tensor& x, const Tensor& w, const Tensor& offsets, const Tensor& dy,

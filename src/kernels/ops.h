@@ -149,11 +149,6 @@ void moe_unpermute_backward(Context& ctx, const Tensor& dy /*[T,H]*/, const Tens
 // offsets live on the tensors' device (no host synchronization needed by the caller).
 void grouped_matmul(Context& ctx, const Tensor& x /*[N,K]*/, const Tensor& w /*[E,M,K]*/,
                     const Tensor& offsets /*[E+1] i32*/, Tensor& y /*[N,M]*/);
-// gu = grouped_matmul(x, w) and act = swiglu_forward(gu) (w: gate rows, then up rows, [E, 2I, K];
-// act [N, I]) with the bits of those two ops. On Hopper, for I a multiple of 128, one kernel applies
-// the SwiGLU in the GEMM's epilogue and gu is not read back.
-void grouped_matmul_swiglu(Context& ctx, const Tensor& x /*[N,K]*/, const Tensor& w /*[E,2I,K]*/,
-                           const Tensor& offsets /*[E+1] i32*/, Tensor& gu /*[N,2I]*/, Tensor& act /*[N,I]*/);
 // dx = dy W[e] (skipped when dx is undefined); dw[e] += dy_e^T x_e. dw is f32 or bf16; a bf16
 // dw[e] is widened, the product added in f32, and rounded to nearest even once per call
 // (experts with no rows are left untouched).

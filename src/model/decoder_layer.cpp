@@ -125,8 +125,9 @@ Tensor moe_ffn_forward(Context& ctx, const ModelConfig& cfg, const LayerParams& 
   s.xp = act_empty({T * k, H}, dt, dev);
   ops::moe_permute(ctx, s.b, s.token_of, s.xp);
   s.gu = act_empty({T * k, 2 * I}, dt, dev);
+  ops::grouped_matmul(ctx, s.xp, w.experts_gate_up, s.offsets, s.gu);
   s.act = act_empty({T * k, I}, dt, dev);
-  ops::grouped_matmul_swiglu(ctx, s.xp, w.experts_gate_up, s.offsets, s.gu, s.act);
+  ops::swiglu_forward(ctx, s.gu, s.act);
   s.yp = act_empty({T * k, H}, dt, dev);
   ops::grouped_matmul(ctx, s.act, w.experts_down, s.offsets, s.yp);
   Tensor y = act_empty({T, H}, dt, dev);  // becomes the layer output: h + FFN(b)

@@ -45,13 +45,6 @@ void grouped_matmul(Context& ctx, const Tensor& x, const Tensor& w, const Tensor
   std::fill(yp + off[E] * M, yp + N * M, 0.0f);
 }
 
-// The CPU reference of the fused op: the two ops it stands for.
-void grouped_matmul_swiglu(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& offsets, Tensor& gu,
-                           Tensor& act) {
-  grouped_matmul(ctx, x, w, offsets, gu);
-  swiglu_forward(ctx, gu, act);
-}
-
 void grouped_matmul_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& offsets,
                              const Tensor& dy, Tensor& dx, Tensor& dw, bool accumulate_dw,
                              Tensor* dw_sum_squares) {

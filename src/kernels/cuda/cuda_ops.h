@@ -87,8 +87,6 @@ void moe_unpermute_backward(Context& ctx, const Tensor& dy, const Tensor& yp, co
 
 // ---- grouped expert GEMM (offsets read on the device; no host sync) ------------------------
 void grouped_matmul(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& offsets, Tensor& y);
-void grouped_matmul_swiglu(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& offsets, Tensor& gu,
-                           Tensor& act);
 void grouped_matmul_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& offsets,
                              const Tensor& dy, Tensor& dx, Tensor& dw, bool accumulate_dw,
                              Tensor* dw_sum_squares = nullptr);

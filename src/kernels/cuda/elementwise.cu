@@ -13,7 +13,6 @@
 #include "kernels/cuda/adamw_kernel.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
-#include "kernels/cuda/swiglu.cuh"
 
 namespace moetrain::cuda {
 
@@ -143,7 +142,9 @@ __global__ void swiglu_fwd_kernel(const T* __restrict__ gu, T* __restrict__ h, i
   const int64_t n = rows * inter;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
     const int64_t r = i / inter, c = i - r * inter;
-    h[i] = from_f<T>(swiglu_value(to_f(gu[r * 2 * inter + c]), to_f(gu[r * 2 * inter + inter + c])));
+    const float g = to_f(gu[r * 2 * inter + c]), u = to_f(gu[r * 2 * inter + inter + c]);
+    const float sg = 1.0f / (1.0f + expf(-g));
+    h[i] = from_f<T>(g * sg * u);
   }
 }
 
@@ -180,7 +181,9 @@ __global__ void swiglu_fwd_vec_kernel(const T* __restrict__ gu, T* __restrict__ 
     T* oe = reinterpret_cast<T*>(&out);
 #pragma unroll
     for (int j = 0; j < kV; ++j) {
-      oe[j] = from_f<T>(swiglu_value(to_f(ge[j]), to_f(ue[j])));
+      const float g = to_f(ge[j]), u = to_f(ue[j]);
+      const float sg = 1.0f / (1.0f + expf(-g));
+      oe[j] = from_f<T>(g * sg * u);
     }
     *reinterpret_cast<uint4*>(h + r * inter + c) = out;
   }

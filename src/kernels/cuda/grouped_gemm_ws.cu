@@ -13,7 +13,6 @@
 #include "kernels/cuda/grouped_gemm_ws.cuh"
 #include "kernels/cuda/grouped_gemm_ws_dw.cuh"
 #include "kernels/cuda/mma_sm80.cuh"
-#include "kernels/cuda/swiglu.cuh"
 #include "kernels/cuda/wgmma_sm90.cuh"
 
 namespace moetrain::cuda {
@@ -22,10 +21,7 @@ namespace gws {
 
 using bf16 = __nv_bfloat16;
 constexpr int kBN = 256, kBK = 64, kMaxE = 1024, kThreads = 384;
-// kFwdSwiglu: y = x W[e]^T of a gate|up weight (M = 2 I rows: gate, then up) together with the
-// SwiGLU activation of y. Column tile j holds gate columns [128 j, 128 j + 128) and the matching up
-// columns, so the epilogue has both operands of each activation in registers (I % 128 == 0).
-enum Mode : int { kFwd = 0, kDx = 1, kFwdSwiglu = 2 };
+enum Mode : int { kFwd = 0, kDx = 1 };
 // kCoop: both consumer warpgroups share one 128 x 256 tile (64 rows each). kPing: each warpgroup
 // takes every other 64 x 256 tile, so one's epilogue overlaps the other's mainloop.
 enum Sched : int { kCoop = 0, kPing = 1 };
@@ -62,8 +58,6 @@ struct Params {
   int order;   // units inside an expert: 0 = (column tile, row block), 1 = (row block, column tile)
   int ksteps;  // ceil(reduction / kBK)
   int64_t N, cols;
-  bf16* act;   // kFwdSwiglu: the activation [N, inter]
-  int inter;   // kFwdSwiglu: I (cols = 2 I)
 };
 
 // ---- PTX helpers (sm_90a) ---------------------------------------------------------------------
@@ -208,56 +202,6 @@ __device__ __forceinline__ void store_rows(const Params& p, uint32_t stg, int ba
   }
 }
 
-// kFwdSwiglu's epilogue: the 64 x 256 tile (gate columns 128 j.., then the matching up columns) is
-// stored as store_rows does, into gu[r, 128 j] and gu[r, I + 128 j]; then the activations of the
-// bf16-rounded pairs (column blocks i and i + 16 of the fragments) replace the staged gate half, once
-// the bulk copies have read it, and go to act[r, 128 j].
-template <int kPitch>
-__device__ __forceinline__ void store_rows_swiglu(const Params& p, uint32_t stg, int bar, int r0, int rend, int j,
-                                                  const float (&acc)[128]) {
-  const int wtid = threadIdx.x & 127, lane = threadIdx.x & 31, q = lane >> 3;
-  if (wtid < 64) wg::bulk_wait_read();
-  named_sync(bar);
-  const uint32_t rowaddr = stg + ((wtid >> 5) * 16 + ((q & 1) << 3) + (lane & 7)) * kPitch + (q >> 1) * 16;
-#pragma unroll
-  for (int i = 0; i < kBN / 8; i += 2)
-    wg::stmatrix_x4(rowaddr + i * 16, mma::pack_bf16(acc[4 * i], acc[4 * i + 1]),
-                    mma::pack_bf16(acc[4 * i + 2], acc[4 * i + 3]), mma::pack_bf16(acc[4 * i + 4], acc[4 * i + 5]),
-                    mma::pack_bf16(acc[4 * i + 6], acc[4 * i + 7]));
-  wg::fence_proxy_async();
-  named_sync(bar);
-  const bool mine = wtid < 64 && r0 + wtid < rend;
-  bf16* const gu_row = p.c + static_cast<int64_t>(r0 + wtid) * p.cols + static_cast<int64_t>(j) * 128;
-  if (mine) {
-    wg::bulk_store(gu_row, stg + wtid * kPitch, 256);
-    wg::bulk_store(gu_row + p.inter, stg + wtid * kPitch + 256, 256);
-    wg::bulk_commit();
-  }
-  // act of fragment value t of column block i (t = 0, 1: row 16 w + l/4; 2, 3: eight rows below)
-  auto act = [&](int i, int t) {
-    const float g = __bfloat162float(__float2bfloat16_rn(acc[4 * i + t]));
-    const float u = __bfloat162float(__float2bfloat16_rn(acc[4 * (i + 16) + t]));
-    return swiglu_value(g, u);
-  };
-  uint32_t a[32];
-#pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    a[2 * i] = mma::pack_bf16(act(i, 0), act(i, 1));
-    a[2 * i + 1] = mma::pack_bf16(act(i, 2), act(i, 3));
-  }
-  if (wtid < 64) wg::bulk_wait_read();
-  named_sync(bar);
-#pragma unroll
-  for (int i = 0; i < 16; i += 2) wg::stmatrix_x4(rowaddr + i * 16, a[2 * i], a[2 * i + 1], a[2 * i + 2], a[2 * i + 3]);
-  wg::fence_proxy_async();
-  named_sync(bar);
-  if (mine) {
-    wg::bulk_store(p.act + static_cast<int64_t>(r0 + wtid) * p.inter + static_cast<int64_t>(j) * 128,
-                   stg + wtid * kPitch, 256);
-    wg::bulk_commit();
-  }
-}
-
 // ---- kernel -----------------------------------------------------------------------------------
 // Threads 0..127: producer warpgroup (thread 0 issues every copy; registers given back). Threads
 // 128..383: consumer warpgroups 0 and 1. map_a: [N, red] rows, box kRows x 64. map_b: W as
@@ -328,10 +272,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // boxes (the MN-major blocks). With clusters each CTA issues its half and multicasts it. Boxes
       // wholly past the last column are skipped: those columns are never stored.
       auto for_each_b = [&](const Unit& x, int k, auto&& fn) {
-        if constexpr (kMode == kFwdSwiglu) {  // 128 gate rows, then the 128 matching up rows
-#pragma unroll
-          for (int h = 0; h < 2; ++h) fn(h * 16384, k * kBK, h * p.inter + x.j * 128);
-        } else if constexpr (kMode == kFwd) {
+        if constexpr (kMode == kFwd) {
 #pragma unroll
           for (int h = 0; h < 2; ++h)
             if ((kCluster == 1 || h == rank) && x.j * kBN + h * 128 < p.cols) fn(h * 16384, k * kBK, x.j * kBN + h * 128);
@@ -344,10 +285,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       // Bytes that land in this CTA's stage: A (unless it has no rows) and every W box of the cluster.
       auto stage_bytes = [&](const Unit& x) {
         const int64_t left = p.cols - static_cast<int64_t>(x.j) * kBN;
-        const int boxes = kMode == kFwdSwiglu ? 2
-                          : kMode == kFwd    ? (left > 128 ? 2 : 1)
-                                             : static_cast<int>(left >= 256 ? 4 : (left + 63) / 64);
-        return static_cast<uint32_t>((x.rb < x.re ? C::kABytes : 0) + boxes * (C::kBBytes / (kMode == kDx ? 4 : 2)));
+        const int boxes = kMode == kFwd ? (left > 128 ? 2 : 1) : static_cast<int>(left >= 256 ? 4 : (left + 63) / 64);
+        return static_cast<uint32_t>((x.rb < x.re ? C::kABytes : 0) + boxes * (C::kBBytes / (kMode == kFwd ? 2 : 4)));
       };
       int stage = 0;
       uint32_t phase = 0;
@@ -420,9 +359,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int kk = 0; kk < kBK / 16; ++kk) {
           const uint64_t da = wg::smem_desc(sa + kk * 32, 16, 1024);
-          const uint64_t db = kMode != kDx ? wg::smem_desc(sb + kk * 32, 16, 1024)
+          const uint64_t db = kMode == kFwd ? wg::smem_desc(sb + kk * 32, 16, 1024)
                                             : wg::smem_desc(sb + kk * 2048, 8192, 1024);
-          wg::wgmma_m64n256k16<0, kMode == kDx ? 1 : 0>(acc, da, db, (k > 0 || kk > 0) ? 1 : 0);
+          wg::wgmma_m64n256k16<0, kMode == kFwd ? 0 : 1>(acc, da, db, (k > 0 || kk > 0) ? 1 : 0);
         }
         wg::wgmma_commit();
       };
@@ -445,12 +384,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         wg::wgmma_wait<0>();
         wg::fence_regs(acc);
         release(prev);
-        if constexpr (kMode == kFwdSwiglu)
-          store_rows_swiglu<C::kPitch>(p, base + C::kEpiOff + cw * 64 * C::kPitch, 1 + cw, r0, re,
-                                       __shfl_sync(0xffffffffu, x.j, 0), acc);
-        else
-          store_rows<C::kPitch>(p, base + C::kEpiOff + cw * 64 * C::kPitch, 1 + cw, r0, re,
-                                __shfl_sync(0xffffffffu, x.j, 0), acc);
+        store_rows<C::kPitch>(p, base + C::kEpiOff + cw * 64 * C::kPitch, 1 + cw, r0, re,
+                              __shfl_sync(0xffffffffu, x.j, 0), acc);
       } else {  // no rows for this warpgroup: pass the stages on
         for (int k = 0; k < p.ksteps; ++k) {
           wg::mbar_wait(full0 + 8 * stage, phase);
@@ -468,12 +403,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int64_t nthr = static_cast<int64_t>(gridDim.x) * 256;
       for (int64_t v = static_cast<int64_t>(blockIdx.x) * 256 + (tid - 128); v < vecs; v += nthr)
         c[v] = make_uint4(0, 0, 0, 0);
-      if constexpr (kMode == kFwdSwiglu) {  // and their activations (silu(0) 0)
-        const int64_t avecs = (p.N - r0) * p.inter / 8;
-        uint4* ac = reinterpret_cast<uint4*>(p.act + r0 * p.inter);
-        for (int64_t v = static_cast<int64_t>(blockIdx.x) * 256 + (tid - 128); v < avecs; v += nthr)
-          ac[v] = make_uint4(0, 0, 0, 0);
-      }
     }
   }
   // No CTA may leave while its peer can still multicast into it or arrive on its barriers.
@@ -528,10 +457,9 @@ int sm_count(const Context& ctx) {
 // = K, red = M).
 template <int kMode, int kSched, int kCluster>
 void launch(Context& ctx, const bf16* a, const bf16* w, const int32_t* off, int E, int64_t N, int64_t K, int64_t M,
-            bf16* out, const char* op, int order = 0, bf16* act = nullptr) {
+            bf16* out, const char* op, int order = 0) {
   using C = Cfg<kSched, kCluster>;
-  static_assert(kMode != kFwdSwiglu || (kSched == kCoop && kCluster == 1), "SwiGLU epilogue: cooperative, no clusters");
-  const int64_t red = kMode == kDx ? M : K, cols = kMode == kDx ? K : M;
+  const int64_t red = kMode == kFwd ? K : M, cols = kMode == kFwd ? M : K;
   if (N <= 0) return;
   const cuuint64_t da[2] = {static_cast<cuuint64_t>(red), static_cast<cuuint64_t>(N)};
   const cuuint64_t sa[1] = {static_cast<cuuint64_t>(red) * 2};
@@ -540,16 +468,14 @@ void launch(Context& ctx, const bf16* a, const bf16* w, const int32_t* off, int 
   const cuuint64_t db[3] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(M), static_cast<cuuint64_t>(E)};
   const cuuint64_t sb[2] = {static_cast<cuuint64_t>(K) * 2, static_cast<cuuint64_t>(M * K) * 2};
   const cuuint32_t bfwd[3] = {kBK, 128, 1}, bdx[3] = {64, kBK, 1};
-  const CUtensorMap map_b = make_map(w, 3, db, sb, kMode == kDx ? bdx : bfwd);
+  const CUtensorMap map_b = make_map(w, 3, db, sb, kMode == kFwd ? bfwd : bdx);
 
   Params p{};
   p.off = off;
   p.c = out;
   p.E = E;
-  p.ncol = static_cast<int>(kMode == kFwdSwiglu ? M / 256 : (cols + kBN - 1) / kBN);
+  p.ncol = static_cast<int>((cols + kBN - 1) / kBN);
   p.order = order;
-  p.act = act;
-  p.inter = static_cast<int>(M / 2);
   p.ksteps = static_cast<int>((red + kBK - 1) / kBK);
   p.N = N;
   p.cols = cols;
@@ -578,7 +504,7 @@ void launch(Context& ctx, const bf16* a, const bf16* w, const int32_t* off, int 
       MT_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&fit, kernel, &cfg));
     }
     // No cluster fits (a partitioned or constrained GPU): the single-CTA kernel, same results.
-    if (fit <= 0) return launch<kMode, kSched, 1>(ctx, a, w, off, E, N, K, M, out, op, order, act);
+    if (fit <= 0) return launch<kMode, kSched, 1>(ctx, a, w, off, E, N, K, M, out, op, order);
     if (fit < slots) slots = fit;
   }
   const int64_t bound = (N / (C::kRows * kCluster) + E) * p.ncol;
@@ -618,16 +544,6 @@ bool grouped_gemm_ws_supported(const Context& ctx, int64_t N, int64_t K, int64_t
 void grouped_gemm_ws_forward(Context& ctx, const __nv_bfloat16* x, const __nv_bfloat16* w, const int32_t* off,
                              int E, int64_t N, int64_t K, int64_t M, __nv_bfloat16* y, int variant) {
   gws::dispatch<gws::kFwd>(ctx, x, w, off, E, N, K, M, y, variant, "grouped_matmul");
-}
-
-bool grouped_gemm_ws_swiglu_supported(const Context& ctx, int64_t N, int64_t K, int64_t M, int64_t E, const void* x,
-                                      const void* w, const void* gu, const void* act) {
-  return grouped_gemm_ws_supported(ctx, N, K, M, E, x, w, gu) && M % 256 == 0 && gws::aligned16(act);
-}
-
-void grouped_gemm_ws_forward_swiglu(Context& ctx, const __nv_bfloat16* x, const __nv_bfloat16* w, const int32_t* off,
-                                    int E, int64_t N, int64_t K, int64_t M, __nv_bfloat16* gu, __nv_bfloat16* act) {
-  gws::launch<gws::kFwdSwiglu, gws::kCoop, 1>(ctx, x, w, off, E, N, K, M, gu, "grouped_matmul_swiglu", 0, act);
 }
 
 void grouped_gemm_ws_dx(Context& ctx, const __nv_bfloat16* dy, const __nv_bfloat16* w, const int32_t* off, int E,

@@ -21,14 +21,6 @@ bool grouped_gemm_ws_supported(const Context& ctx, int64_t N, int64_t K, int64_t
 // units of an expert ordered (row block, column tile).
 void grouped_gemm_ws_forward(Context& ctx, const __nv_bfloat16* x, const __nv_bfloat16* w, const int32_t* off,
                              int E, int64_t N, int64_t K, int64_t M, __nv_bfloat16* y, int variant = 0);
-// The forward of a gate|up weight (M = 2 I: the gate rows, then the up rows) together with SwiGLU:
-// gu[N, M] as grouped_gemm_ws_forward, and act[N, I] = silu(g) u of its bf16 values, the bits of
-// swiglu_forward on gu (rows past offsets[E]: zeros in both). Needs I % 128 == 0 (M % 256 == 0) and a
-// 16-byte aligned act on top of grouped_gemm_ws_supported.
-bool grouped_gemm_ws_swiglu_supported(const Context& ctx, int64_t N, int64_t K, int64_t M, int64_t E, const void* x,
-                                      const void* w, const void* gu, const void* act);
-void grouped_gemm_ws_forward_swiglu(Context& ctx, const __nv_bfloat16* x, const __nv_bfloat16* w, const int32_t* off,
-                                    int E, int64_t N, int64_t K, int64_t M, __nv_bfloat16* gu, __nv_bfloat16* act);
 // dx[N, K] = dy[N, M] W[e][M, K]; rows past offsets[E] are zeroed. variant as above.
 void grouped_gemm_ws_dx(Context& ctx, const __nv_bfloat16* dy, const __nv_bfloat16* w, const int32_t* off, int E,
                         int64_t N, int64_t K, int64_t M, __nv_bfloat16* dx, int variant = 0);

@@ -201,30 +201,6 @@ void grouped_matmul(Context& ctx, const Tensor& x, const Tensor& w, const Tensor
   check_launch(op);
 }
 
-// gu = grouped_matmul(x, w), act = swiglu_forward(gu): on Hopper one kernel (the SwiGLU in the GEMM's
-// epilogue, so gu is not read back), elsewhere or at other widths the two ops. Same bits either way.
-void grouped_matmul_swiglu(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& offsets, Tensor& gu,
-                           Tensor& act) {
-  const char* op = "grouped_matmul_swiglu";
-  const GmmDims d = check_gmm(x, w, offsets, op);
-  need_cuda(gu, op, "gu");
-  need_cuda(act, op, "act");
-  need_numel(gu, d.N * d.M, op, "gu");
-  need_numel(act, d.N * (d.M / 2), op, "act");
-  if (x.dtype() == DType::kBF16 && w.dtype() == x.dtype() && gu.dtype() == x.dtype() && act.dtype() == x.dtype() &&
-      d.N > 0 && use_ws_kernel() &&
-      grouped_gemm_ws_swiglu_supported(ctx, d.N, d.K, d.M, d.E, x.data_ptr(), w.data_ptr(), gu.data_ptr(),
-                                       act.data_ptr())) {
-    grouped_gemm_ws_forward_swiglu(ctx, static_cast<const __nv_bfloat16*>(x.data_ptr()),
-                                   static_cast<const __nv_bfloat16*>(w.data_ptr()), offsets.data<int32_t>(),
-                                   static_cast<int>(d.E), d.N, d.K, d.M, static_cast<__nv_bfloat16*>(gu.data_ptr()),
-                                   static_cast<__nv_bfloat16*>(act.data_ptr()));
-    return;
-  }
-  grouped_matmul(ctx, x, w, offsets, gu);
-  swiglu_forward(ctx, gu, act);
-}
-
 // dx = dy W[e] over each expert's rows (the dx half of grouped_matmul_backward; dims checked there).
 void grouped_matmul_dx(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& offsets, const Tensor& dy,
                        Tensor& dx) {

@@ -1,8 +1,7 @@
 // MoE token permutation and grouped expert GEMM on the CPU: route index by hand (stable order,
 // experts with zero tokens, all tokens on one expert), permute/unpermute invariants and
 // backwards (adjoint and finite differences), grouped matmul against a loop of matmuls and a
-// double loop, its backward against finite differences, dw accumulation and the dx-less path; the
-// fused gate|up GEMM + SwiGLU against its two ops.
+// double loop, its backward against finite differences, dw accumulation and the dx-less path.
 #include <cmath>
 
 #include "core/context.h"
@@ -140,27 +139,6 @@ TEST(GroupedMatmul, EqualsLoopOfMatmulsAndDoubleLoop) {
       expect_close(y.slice(0, off[e], off[e + 1]).contiguous(), to_d(ye), 0, 0, "grouped vs matmul loop");
     }
   }
-}
-
-// The fused gate|up GEMM + SwiGLU op is exactly its two ops (the CPU twin every backend is held to),
-// and its shape checks name the operand.
-TEST(GroupedMatmul, SwigluEqualsGemmThenSwiglu) {
-  Context ctx;
-  const int64_t N = 11, K = 6, I = 4, E = 3;
-  const std::vector<int32_t> off = {0, 5, 5, 9};  // expert 1 empty; rows 9, 10 unused capacity
-  auto x = randn(N * K, 170), w = randn(E * 2 * I * K, 171);
-  Tensor xt = tensor(x, {N, K}), wt = tensor(w, {E, 2 * I, K}), offt = ints(off, {E + 1});
-  Tensor gu = poisoned({N, 2 * I}), act = poisoned({N, I}), gu2 = poisoned({N, 2 * I}), act2 = poisoned({N, I});
-  ops::grouped_matmul_swiglu(ctx, xt, wt, offt, gu, act);
-  ops::grouped_matmul(ctx, xt, wt, offt, gu2);
-  ops::swiglu_forward(ctx, gu2, act2);
-  expect_close(gu, to_d(gu2), 0, 0, "gu");
-  expect_close(act, to_d(act2), 0, 0, "act");
-  for (int64_t i = 0; i < I; ++i) EXPECT_EQ(act.get(10 * I + i), 0.0) << "rows past offsets[E] are zero";
-  Tensor odd = tensor(randn(E * 5 * K, 172), {E, 5, K}), gu_odd = poisoned({N, 5}), act_odd = poisoned({N, 2});
-  EXPECT_THROW(ops::grouped_matmul_swiglu(ctx, xt, odd, offt, gu_odd, act_odd), Error);
-  Tensor act_wide = poisoned({N, 2 * I});
-  EXPECT_THROW(ops::grouped_matmul_swiglu(ctx, xt, wt, offt, gu, act_wide), Error);
 }
 
 TEST(GroupedMatmul, BackwardFiniteDifferencesAndAccumulation) {
