@@ -261,8 +261,12 @@ int layer_forward(Trace& t, const Dims& d, const TraceShape& s, bool sparse, int
   A((d.E + 1) * 4, "offsets [E+1] i32", false);
   A(d.Tk * 4, "row_of [T*k] i32", false);
   A(d.Tk * 4, "token_of [T*k] i32", false);
-  if (s.on_cuda)  // moe_route_index: 3 x Tk i32 (CUB's sort storage, a few KiB, is left out)
-    t.free(t.alloc(TraceGroup::kLayerTemp, kWork, std::ceil(3 * d.Tk * 4 / 256) * 256, "route index scratch"));
+  if (s.on_cuda) {  // moe_route_index: per-block counts [ceil(Tk / 1024)][E+1] i32 of the counting sort up to
+                    // 256 experts and 2^20 picks, else CUB's 3 x Tk i32 (its sort storage, a few KiB, left out)
+    const bool counting = d.E <= 256 && d.Tk <= 1048576.0;
+    const double bytes = counting ? std::ceil(d.Tk / 1024) * (d.E + 1) * 4 : 3 * d.Tk * 4;
+    t.free(t.alloc(TraceGroup::kLayerTemp, kWork, std::ceil(bytes / 256) * 256, "route index scratch"));
+  }
   if (s.ep == 1) {
     A(d.Tk * d.H * dt, "xp (permuted expert inputs) [T*k,H]", true);
     A(d.Tk * 2 * d.I_moe * dt, "gu (expert gate|up) [T*k,2I]", false);

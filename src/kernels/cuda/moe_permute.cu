@@ -48,90 +48,150 @@ __global__ void scatter_rows_kernel(const int32_t* __restrict__ sorted_pick, int
   }
 }
 
-// ---- route_index in one block: a stable counting sort of the picks by expert -----------------
-// 32 warps; warp w owns the contiguous picks [w * seg, (w + 1) * seg) and walks them 32 at a time.
-// __match_any_sync groups a round's lanes by expert: the lowest lane of a group adds the group's
-// size, and a lane's rank in it is the number of lower lanes. Pass 1 counts picks per (warp, expert),
-// a scan turns the counts into each warp's first row per expert (expert order, then warp order, then
-// pick order: rows of one expert keep ascending pick order, as the radix sort and the CPU give),
-// and pass 2 places the picks. Picks whose expert lies outside [0, E) are left out of counts and
-// offsets and get rows after offsets[E], in pick order. Replaces a CUB radix sort (6+ launches).
-constexpr int kRouteWarps = 32;
-constexpr int kRouteMaxE = 256;  // hist is [32][E] ints in shared memory
+// ---- route_index: a stable counting sort of the picks by expert, in three small launches ------
+// Block b owns picks [b * kRouteChunk, (b + 1) * kRouteChunk), and warp w of it a contiguous eighth,
+// walked 32 at a time: __match_any_sync groups a round's lanes by expert, the lowest lane of a group
+// adds the group's size to the warp's count, and a lane's rank in it is the number of lower lanes.
+// route_count_kernel writes each block's counts per expert; route_scan_kernel (one block) turns them
+// into counts, offsets and each block's first row per expert (expert order, then block order);
+// route_place_kernel counts again, adds the earlier warps of its block, and places the picks. Rows of
+// one expert keep ascending pick order, as the radix sort and the CPU give. Picks whose expert lies
+// outside [0, E) are left out of counts and offsets and get rows after offsets[E], in pick order.
+// (Until 2026-11-23 this ran in one block of 32 warps: 34-41 us per call, bound by its 64 rounds.)
+constexpr int kRouteWarps = 8;
+constexpr int kRouteChunk = kRouteWarps * 32 * 4;  // picks per block: 4 rounds per warp
+constexpr int kRouteMaxE = 256;                    // hist is [8][E + 1] ints in shared memory
+constexpr int kRouteMaxBlocks = 1024;              // 2^20 picks
 
-__global__ void __launch_bounds__(32 * kRouteWarps) route_index_block_kernel(
-    const int32_t* __restrict__ idx, int64_t P, int k, int E, int32_t* __restrict__ counts,
-    int32_t* __restrict__ offsets, int32_t* __restrict__ row_of, int32_t* __restrict__ token_of) {
-  pdl_wait();
-  __shared__ int32_t hist[kRouteWarps][kRouteMaxE + 1];  // column E: the warp's out-of-range picks
-  __shared__ int32_t total[kRouteMaxE + 1];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int cols = E + 1;
+// This warp's picks [p0, p1): with kPlace, pick i goes to row hist[e] + rank (hist: the warp's first
+// free row per expert); either way hist[e] grows by the round's group sizes. Column E: out of range.
+template <bool kPlace>
+__device__ __forceinline__ void route_walk(const int32_t* __restrict__ idx, int64_t p0, int64_t p1, int k, int E,
+                                           int32_t* hist, int32_t* __restrict__ row_of,
+                                           int32_t* __restrict__ token_of) {
+  const int lane = threadIdx.x & 31;
+  const unsigned lower = (1u << lane) - 1u;
+  constexpr int kBatch = 4;  // rounds' ids loaded at once (their loads in flight together)
+  for (int64_t chunk = p0; chunk < p1; chunk += 32 * kBatch) {
+    int ev[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int64_t i = chunk + b * 32 + lane;
+      ev[b] = i < p1 ? idx[i] : 0;
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int64_t i = chunk + b * 32 + lane;
+      const bool live = i < p1;
+      int e = ev[b];
+      if (e < 0 || e >= E) e = E;
+      const unsigned active = __ballot_sync(0xffffffffu, live);
+      if (live) {
+        const unsigned peers = __match_any_sync(active, e);
+        const int rank = __popc(peers & lower);
+        if constexpr (kPlace) {
+          const int32_t row = hist[e] + rank;
+          row_of[i] = row;
+          token_of[row] = static_cast<int32_t>(i / k);
+        }
+        __syncwarp(active);
+        if (rank == 0) hist[e] += __popc(peers);
+      }
+      __syncwarp();
+    }
+  }
+}
+
+// The per-warp counts of block blockIdx.x in hist [kRouteWarps][E + 1] (zeroed here).
+__device__ __forceinline__ void route_block_counts(const int32_t* __restrict__ idx, int64_t P, int k, int E,
+                                                   int32_t (*hist)[kRouteMaxE + 1]) {
+  const int warp = threadIdx.x >> 5, cols = E + 1;
   for (int i = threadIdx.x; i < kRouteWarps * cols; i += blockDim.x) hist[i / cols][i % cols] = 0;
   __syncthreads();
-  const int64_t seg = (P + kRouteWarps - 1) / kRouteWarps, p0 = warp * seg, p1 = min(P, p0 + seg);
-  const unsigned lower = (1u << lane) - 1u;
-  for (int pass = 0; pass < 2; ++pass) {
-    // kBatch rounds' ids loaded at once (their loads in flight together), then walked round by round.
-    constexpr int kBatch = 8;
-    for (int64_t chunk = p0; chunk < p1; chunk += 32 * kBatch) {
-      int ev[kBatch];
-#pragma unroll
-      for (int b = 0; b < kBatch; ++b) {
-        const int64_t i = chunk + b * 32 + lane;
-        ev[b] = i < p1 ? idx[i] : 0;
-      }
-#pragma unroll
-      for (int b = 0; b < kBatch; ++b) {
-        const int64_t i = chunk + b * 32 + lane;
-        const bool live = i < p1;
-        int e = ev[b];
-        if (e < 0 || e >= E) e = E;  // out of range: the extra column
-        const unsigned active = __ballot_sync(0xffffffffu, live);
-        if (live) {
-          const unsigned peers = __match_any_sync(active, e);
-          const int rank = __popc(peers & lower);
-          if (pass == 1) {
-            const int32_t row = hist[warp][e] + rank;
-            row_of[i] = row;
-            token_of[row] = static_cast<int32_t>(i / k);
-          }
-          __syncwarp(active);
-          if (rank == 0) hist[warp][e] += __popc(peers);
-        }
-        __syncwarp();
-      }
-    }
-    __syncthreads();
-    if (pass == 1) break;
-    // Counts per expert, then each warp's first row per expert: offsets[e] + the earlier warps' picks.
-    for (int e = threadIdx.x; e < cols; e += blockDim.x) {
-      int32_t t = 0;
-      for (int w = 0; w < kRouteWarps; ++w) t += hist[w][e];
-      total[e] = t;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {  // E <= 256: a short serial scan
-      int32_t run = 0;
-      for (int e = 0; e < cols; ++e) {
-        const int32_t t = total[e];
-        total[e] = run;
-        if (e < E) counts[e] = t;
-        offsets[e] = run;  // e == E: the end of the valid rows
-        run += t;
-      }
-    }
-    __syncthreads();
-    for (int e = threadIdx.x; e < cols; e += blockDim.x) {
-      int32_t run = total[e];
-      for (int w = 0; w < kRouteWarps; ++w) {
-        const int32_t c = hist[w][e];
-        hist[w][e] = run;
-        run += c;
-      }
-    }
-    __syncthreads();
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kRouteChunk, seg = kRouteChunk / kRouteWarps;
+  const int64_t p0 = min(P, c0 + warp * seg), p1 = min(P, p0 + seg);
+  route_walk<false>(idx, p0, p1, k, E, hist[warp], nullptr, nullptr);
+  __syncthreads();
+}
+
+__global__ void __launch_bounds__(32 * kRouteWarps) route_count_kernel(const int32_t* __restrict__ idx, int64_t P,
+                                                                        int k, int E, int32_t* __restrict__ bhist) {
+  pdl_wait();
+  __shared__ int32_t hist[kRouteWarps][kRouteMaxE + 1];
+  route_block_counts(idx, P, k, E, hist);
+  const int cols = E + 1;
+  for (int e = threadIdx.x; e < cols; e += blockDim.x) {
+    int32_t t = 0;
+    for (int w = 0; w < kRouteWarps; ++w) t += hist[w][e];
+    bhist[static_cast<int64_t>(blockIdx.x) * cols + e] = t;
   }
+}
+
+// bhist [B][E + 1] counts -> each block's first row per expert; counts, offsets (offsets[E]: the end
+// of the valid rows). One block: a thread per expert sums its column, one warp scans the totals.
+__global__ void __launch_bounds__(256) route_scan_kernel(int B, int E, int32_t* __restrict__ bhist,
+                                                         int32_t* __restrict__ counts, int32_t* __restrict__ offsets) {
+  pdl_wait();
+  __shared__ int32_t total[kRouteMaxE + 1];
+  const int cols = E + 1;
+  for (int e = threadIdx.x; e < cols; e += blockDim.x) {
+    int32_t t = 0;
+    for (int b = 0; b < B; ++b) t += bhist[static_cast<int64_t>(b) * cols + e];
+    total[e] = t;
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {  // exclusive scan of total[0..cols): lane l takes a run of consecutive columns
+    const int lane = threadIdx.x, per = (cols + 31) / 32, e0 = min(cols, lane * per), e1 = min(cols, e0 + per);
+    int32_t mine = 0;
+    for (int e = e0; e < e1; ++e) mine += total[e];
+    int32_t incl = mine;
+    for (int o = 1; o < 32; o <<= 1) {
+      const int32_t v = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += v;
+    }
+    int32_t run = incl - mine;
+    for (int e = e0; e < e1; ++e) {
+      const int32_t t = total[e];
+      if (e < E) counts[e] = t;
+      offsets[e] = run;
+      total[e] = run;
+      run += t;
+    }
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < cols; e += blockDim.x) {
+    int32_t run = total[e];
+    for (int b = 0; b < B; ++b) {
+      const int64_t at = static_cast<int64_t>(b) * cols + e;
+      const int32_t c = bhist[at];
+      bhist[at] = run;
+      run += c;
+    }
+  }
+}
+
+__global__ void __launch_bounds__(32 * kRouteWarps) route_place_kernel(const int32_t* __restrict__ idx, int64_t P,
+                                                                        int k, int E,
+                                                                        const int32_t* __restrict__ bbase,
+                                                                        int32_t* __restrict__ row_of,
+                                                                        int32_t* __restrict__ token_of) {
+  pdl_wait();
+  __shared__ int32_t hist[kRouteWarps][kRouteMaxE + 1];
+  route_block_counts(idx, P, k, E, hist);
+  const int cols = E + 1;
+  for (int e = threadIdx.x; e < cols; e += blockDim.x) {  // counts -> each warp's first row per expert
+    int32_t run = bbase[static_cast<int64_t>(blockIdx.x) * cols + e];
+    for (int w = 0; w < kRouteWarps; ++w) {
+      const int32_t c = hist[w][e];
+      hist[w][e] = run;
+      run += c;
+    }
+  }
+  __syncthreads();
+  const int warp = threadIdx.x >> 5;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kRouteChunk, seg = kRouteChunk / kRouteWarps;
+  const int64_t p0 = min(P, c0 + warp * seg), p1 = min(P, p0 + seg);
+  route_walk<true>(idx, p0, p1, k, E, hist[warp], row_of, token_of);
 }
 
 template <typename S, typename D>
@@ -269,6 +329,7 @@ __global__ void unpermute_bwd_vec_kernel(const G* __restrict__ dy, const Y* __re
   }
 }
 
+
 }  // namespace
 
 void moe_route_index(Context& ctx, const Tensor& topk_idx, int num_experts, Tensor& counts, Tensor& offsets,
@@ -288,11 +349,17 @@ void moe_route_index(Context& ctx, const Tensor& topk_idx, int num_experts, Tens
   need_numel(token_of, P, op, "token_of");
   MT_CHECK(P < (int64_t{1} << 31), "[moe_route_index] {} picks exceed the i32 range", P);
   cudaStream_t s = stream_of(ctx);
-  // Up to 256 experts and 2^20 picks (128K tokens at top-8): one block; beyond, the radix sort.
-  if (E <= kRouteMaxE && P <= (int64_t{1} << 20) && env_int("MT_ROUTE_INDEX_CUB", 0) == 0) {
-    launch_pdl(route_index_block_kernel, 1, 32 * kRouteWarps, 0, s, topk_idx.data<int32_t>(), P, static_cast<int>(k), E,
-                                                          counts.data<int32_t>(), offsets.data<int32_t>(),
-                                                          row_of.data<int32_t>(), token_of.data<int32_t>());
+  // Up to 256 experts and 2^20 picks (128K tokens at top-8): the counting sort; beyond, the radix sort.
+  const int64_t blocks = (P + kRouteChunk - 1) / kRouteChunk;
+  if (E <= kRouteMaxE && blocks <= kRouteMaxBlocks && env_int("MT_ROUTE_INDEX_CUB", 0) == 0) {
+    const int B = static_cast<int>(blocks > 0 ? blocks : 1);
+    Tensor scratch = device_scratch(ctx, static_cast<int64_t>(B) * (E + 1) * 4);
+    int32_t* bhist = static_cast<int32_t*>(scratch.data_ptr());
+    const int32_t* ids = topk_idx.data<int32_t>();
+    launch_pdl(route_count_kernel, B, 32 * kRouteWarps, 0, s, ids, P, static_cast<int>(k), E, bhist);
+    launch_pdl(route_scan_kernel, 1, 256, 0, s, B, E, bhist, counts.data<int32_t>(), offsets.data<int32_t>());
+    launch_pdl(route_place_kernel, B, 32 * kRouteWarps, 0, s, ids, P, static_cast<int>(k), E,
+               static_cast<const int32_t*>(bhist), row_of.data<int32_t>(), token_of.data<int32_t>());
     check_launch(op);
     return;
   }
