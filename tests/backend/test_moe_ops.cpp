@@ -2,6 +2,7 @@
 // permute/unpermute and grouped expert GEMM, with experts that get no tokens, all tokens on one
 // expert, unused capacity rows, and Qwen3-30B-A3B widths (E = 128, k = 8, H = 2048, I = 768).
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "backend_util.h"
@@ -13,12 +14,17 @@ namespace {
 
 TEST(Backend, Router) {
   MT_REQUIRE_GPU();
-  struct Case { int64_t T, E; int k; };
-  for (const Case c : {Case{200, 128, 8}, Case{37, 60, 4}, Case{1, 2, 2}, Case{1000, 128, 8}, Case{4096, 64, 6}}) {
+  // Up to E 300; ties: logits on a grid of 4 values, so most picks break ties by the lower index.
+  struct Case { int64_t T, E; int k; bool ties = false; };
+  for (const Case c : {Case{200, 128, 8}, Case{37, 60, 4}, Case{1, 2, 2}, Case{1000, 128, 8}, Case{4096, 64, 6},
+                       Case{64, 256, 8}, Case{16, 300, 8}, Case{40, 128, 8, true}, Case{40, 300, 8, true}}) {
     for (bool normalize : {true, false}) {
       const std::string tag = "T" + std::to_string(c.T) + " E" + std::to_string(c.E) + " k" + std::to_string(c.k) +
-                              (normalize ? " norm" : "");
-      Pair logits = input(randn(c.T * c.E, 91 + c.E, 2.0f), {c.T, c.E}, DType::kF32);
+                              (normalize ? " norm" : "") + (c.ties ? " ties" : "");
+      std::vector<float> lv = randn(c.T * c.E, 91 + c.E, 2.0f);
+      if (c.ties)
+        for (float& x : lv) x = std::floor(std::fmod(std::fabs(x) * 4.0f, 4.0f)) * 0.5f;
+      Pair logits = input(lv, {c.T, c.E}, DType::kF32);
       Pair probs = output({c.T, c.E}, DType::kF32), idx = output_ints({c.T, c.k}), w = output({c.T, c.k}, DType::kF32);
       ops::router_topk(gpu_ctx(), logits.gpu, c.k, normalize, probs.gpu, idx.gpu, w.gpu);
       cpu::router_topk(cpu_ctx(), logits.cpu, c.k, normalize, probs.cpu, idx.cpu, w.cpu);
