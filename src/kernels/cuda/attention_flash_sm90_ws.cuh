@@ -53,6 +53,17 @@ __device__ __forceinline__ void ws_regs_inc() {
 }
 // Barrier over the 256 consumer threads (id 1; 0 is __syncthreads).
 __device__ __forceinline__ void ws_consumer_sync() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+// The forward's ping-pong turns (named barriers 2 and 3 over both consumer warpgroups): wait for a
+// turn / hand one over when p, as single predicated statements (no branch between a warpgroup's
+// wgmma issue and its wait: ptxas would serialize every wgmma, C7518).
+__device__ __forceinline__ void ws_turn_wait_if(bool p, int id) {
+  asm volatile("{\n.reg .pred q;\nsetp.ne.u32 q, %0, 0;\n@q bar.sync %1, 256;\n}\n" ::"r"(static_cast<uint32_t>(p)), "r"(id)
+               : "memory");
+}
+__device__ __forceinline__ void ws_turn_give_if(bool p, int id) {
+  asm volatile("{\n.reg .pred q;\nsetp.ne.u32 q, %0, 0;\n@q bar.arrive %1, 256;\n}\n" ::"r"(static_cast<uint32_t>(p)), "r"(id)
+               : "memory");
+}
 // f32 add of `bytes` from shared memory into global memory, in the thread's bulk group.
 __device__ __forceinline__ void ws_bulk_reduce_add(float* dst, uint32_t src, uint32_t bytes) {
 #if MT_WGMMA_ENABLED
@@ -141,12 +152,27 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     const int cw = wgi - 1, lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) - 4;
     const QRows qr = q_rows(a, t0, warp);
     const WgRows wr = wg_rows(a, t0 + 64 * cw);
-    // This warpgroup's tiles: not wholly before its first row's document, not wholly after its last row.
-    int ja = ntiles, jb = ntiles - 1;
-    if (wr.hi >= wr.lo) {
-      ja = static_cast<int>((wr.beg_lo - kmin) / kN);
-      jb = min(ntiles - 1, static_cast<int>((wr.hi - kmin) / kN));
-    }
+    // A warpgroup's tiles: not wholly before its first row's document, not wholly after its last row.
+    auto range = [&](const WgRows& r, int& lo, int& hi) {
+      lo = ntiles, hi = ntiles - 1;
+      if (r.hi >= r.lo) {
+        lo = static_cast<int>((r.beg_lo - kmin) / kN);
+        hi = min(ntiles - 1, static_cast<int>((r.hi - kmin) / kN));
+      }
+    };
+    int ja, jb, oa, ob;
+    range(wr, ja, jb);
+    range(wg_rows(a, t0 + 64 * (1 - cw)), oa, ob);
+    // Ping-pong (FA3): the warpgroups take turns issuing their GEMMs, so one's softmax runs under the
+    // other's. A warpgroup's issue steps: the first S GEMM, one per further tile, the last P V (n =
+    // tiles + 1). Warpgroup 0 issues step i after warpgroup 1's step i - 1, warpgroup 1 step i after
+    // warpgroup 0's step i; each wait (barrier 2 + cw) pairs with one hand-over from the other side.
+    // Only when both walk the same tiles: with a document start inside the 128 rows, one warpgroup
+    // passes tiles the other uses, and turns could hold up the ring's releases (a deadlock).
+    const bool turns = ja == oa && jb == ob && ja <= jb;
+    const int n = jb - ja + 2;
+    auto turn_wait = [&](int i) { ws_turn_wait_if(turns && (cw == 1 || i >= 1), 2 + cw); };
+    auto turn_give = [&](int i) { ws_turn_give_if(turns && (cw == 0 || i + 1 < n), 3 - cw); };
     auto stage = [](int jt) { return jt % kS; };
     auto parity = [](int jt) { return static_cast<uint32_t>(jt / kS) & 1u; };
     auto pass = [&](int jt) {  // a tile this warpgroup does not use
@@ -170,9 +196,11 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       float s[kN / 8][4];
       {  // first tile: no P V GEMM in flight
         wg::mbar_wait(k_full + 8 * stage(ja), parity(ja));
+        turn_wait(0);
         wg::wgmma_fence();
         gemm_kmaj<kD, kWgBM, kN>(s, sQ, 64 * cw, sK + stage(ja) * kTile);
         wg::wgmma_commit();
+        turn_give(0);
         wg::wgmma_wait<0>();
         fence_acc(s);
         ws_arrive_lane0(k_empty + 8 * stage(ja), lane);
@@ -185,11 +213,13 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         wg::mbar_wait(k_full + 8 * sk, parity(jt));
         wg::mbar_wait(v_full + 8 * sv, parity(jt - 1));
         const bool masked = need_mask(jt);
+        turn_wait(jt - ja);
         wg::wgmma_fence();
         gemm_kmaj<kD, kWgBM, kN>(s, sQ, 64 * cw, sK + sk * kTile);
         wg::wgmma_commit();
         gemm_regs_mn<kN>(o, pa, sV + sv * kTile);
         wg::wgmma_commit();
+        turn_give(jt - ja);
         wg::wgmma_wait<1>();  // S_j is ready; O += P_{j-1} V_{j-1} still runs
         fence_acc(s);
         ws_arrive_lane0(k_empty + 8 * sk, lane);
@@ -204,9 +234,11 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       {  // last P V
         const int sv = stage(jb);
         wg::mbar_wait(v_full + 8 * sv, parity(jb));
+        turn_wait(jb - ja + 1);
         wg::wgmma_fence();
         gemm_regs_mn<kN>(o, pa, sV + sv * kTile);
         wg::wgmma_commit();
+        turn_give(jb - ja + 1);
         wg::wgmma_wait<0>();
         fence_acc(o);
         ws_arrive_lane0(v_empty + 8 * sv, lane);
