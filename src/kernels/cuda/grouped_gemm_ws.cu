@@ -51,9 +51,6 @@ struct Cfg {
 };
 
 struct Params {
-  const int32_t* src = nullptr;  // gather: A row of permuted row r is a[src[r]] (cp.async by the producers)
-  const bf16* a = nullptr;
-  int64_t red = 0;
   const int32_t* off;  // [E+1], device
   bf16* c;             // [N, cols]
   int E;
@@ -228,7 +225,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = tid; i <= p.E; i += kThreads) s_off[i] = p.off[i];
   if (tid == 0) {
     for (int s = 0; s < kS; ++s) {
-      wg::mbar_init(full0 + 8 * s, p.src != nullptr ? 129 : 1);  // gather: + the 128 cp.async arrivals
+      wg::mbar_init(full0 + 8 * s, 1);
       wg::mbar_init(empty0 + 8 * s, C::kEmptyCount);
     }
     wg::mbar_init(turn0, 4);
@@ -269,60 +266,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int wgi = __shfl_sync(0xffffffffu, tid / 128, 0);
   if (wgi == 0) {  // ---- producer ----
     regs_dec<40>();  // 128 x 40 + 256 x 232 <= 64K registers
-    if (p.src != nullptr) {  // gather: the 128 producer threads load A row t with cp.async (128B swizzle by hand)
-      const int t = tid;
-      const int64_t red = p.red;
-      int stage = 0;
-      uint32_t phase = 0;
-      for (int64_t u = first; u < total; u += step) {
-        const Unit x = decode<C::kRows, kCluster>(p, s_off, s_ts, u, rank);
-        const int64_t left = p.cols - static_cast<int64_t>(x.j) * kBN;
-        const int boxes = kMode == kFwd ? (left > 128 ? 2 : 1) : static_cast<int>(left >= 256 ? 4 : (left + 63) / 64);
-        const uint32_t bbytes = static_cast<uint32_t>(boxes * (C::kBBytes / (kMode == kFwd ? 2 : 4)));
-        // Thread t copies chunk t % 8 (16 bytes) of rows t / 8 + 16 i: a warp writes 4 whole rows
-        // (conflict-free) and reads 4 contiguous 128-byte pieces.
-        const int ch = t & 7, r0 = t >> 3;
-        int tok[8];
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const int r = x.rb + r0 + 16 * i;
-          tok[i] = x.rb < x.re ? p.src[r < x.re ? r : x.re - 1] : 0;
-        }
-        for (int k = 0; k < p.ksteps; ++k) {
-          wg::mbar_wait(empty0 + 8 * stage, phase ^ 1u);
-          const uint32_t full = full0 + 8 * stage, sa = base + stage * C::kStageBytes, sb = sa + C::kABytes;
-          if (t == 0) {
-            wg::mbar_arrive_tx(full, bbytes);
-            if constexpr (kMode == kFwd) {
-#pragma unroll
-              for (int h = 0; h < 2; ++h)
-                if (x.j * kBN + h * 128 < p.cols) tma_load_3d(sb + h * 16384, &map_b, k * kBK, x.j * kBN + h * 128, x.e, full);
-            } else {
-#pragma unroll
-              for (int b = 0; b < 4; ++b)
-                if (x.j * kBN + b * 64 < p.cols) tma_load_3d(sb + b * 8192, &map_b, x.j * kBN + b * 64, k * kBK, x.e, full);
-            }
-          }
-          if (x.rb < x.re) {
-            const int64_t col = static_cast<int64_t>(k) * kBK + ch * 8;
-            const uint32_t n = col < red ? 16u : 0u;  // zero fill past the last column
-            const bf16* colp = p.a + (col < red ? col : 0);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) {
-              const int rr = r0 + 16 * i;
-              asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa + rr * 128 + ((ch ^ (rr & 7)) << 4)),
-                           "l"(colp + static_cast<int64_t>(tok[i]) * red), "r"(n)
-                           : "memory");
-            }
-          }
-          asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(full) : "memory");
-          if (++stage == kS) {
-            stage = 0;
-            phase ^= 1u;
-          }
-        }
-      }
-    } else if (p.src == nullptr && tid == 0) {
+    if (tid == 0) {
       // The W boxes of unit x's k step that this CTA issues: fn(shared offset in the B tile, c0, c1).
       // fwd: 256 rows of M x 64 K as two 128-row boxes; dx: 64 rows of M x 256 K as four 64-column
       // boxes (the MN-major blocks). With clusters each CTA issues its half and multicasts it. Boxes
@@ -368,7 +312,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncwarp();
   } else {  // ---- consumers ----
     regs_inc<232>();
-    const bool gather = __shfl_sync(0xffffffffu, p.src != nullptr ? 1 : 0, 0) != 0;
     const int cw = wgi - 1, wtid = tid & 127;
     const uint32_t lane = tid & 31;
     const int64_t utotal = __shfl_sync(0xffffffffu, total, 0);
@@ -425,13 +368,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (r0 < re) {
         // One wgmma group stays in flight: step k's stage is released once step k + 1 is issued.
         wg::mbar_wait(full0 + 8 * stage, phase);
-        if (gather) wg::fence_proxy_async();  // cp.async wrote the A rows through the generic proxy
         mma_step(0);
         int prev = stage;
         advance();
         for (int k = 1; k < p.ksteps; ++k) {
           wg::mbar_wait(full0 + 8 * stage, phase);
-          if (gather) wg::fence_proxy_async();
           mma_step(k);
           wg::wgmma_wait<1>();
           wg::fence_regs(acc);
@@ -516,13 +457,13 @@ int sm_count(const Context& ctx) {
 // = K, red = M).
 template <int kMode, int kSched, int kCluster>
 void launch(Context& ctx, const bf16* a, const bf16* w, const int32_t* off, int E, int64_t N, int64_t K, int64_t M,
-            bf16* out, const char* op, int order = 0, const int32_t* src = nullptr, int64_t src_rows = 0) {
+            bf16* out, const char* op, int order = 0) {
   using C = Cfg<kSched, kCluster>;
   const int64_t red = kMode == kFwd ? K : M, cols = kMode == kFwd ? M : K;
   if (N <= 0) return;
-  const cuuint64_t da[2] = {static_cast<cuuint64_t>(red), static_cast<cuuint64_t>(src ? src_rows : N)};
+  const cuuint64_t da[2] = {static_cast<cuuint64_t>(red), static_cast<cuuint64_t>(N)};
   const cuuint64_t sa[1] = {static_cast<cuuint64_t>(red) * 2};
-  const cuuint32_t ba[2] = {kBK, src ? 1u : static_cast<cuuint32_t>(C::kRows)};
+  const cuuint32_t ba[2] = {kBK, C::kRows};
   const CUtensorMap map_a = make_map(a, 2, da, sa, ba);
   const cuuint64_t db[3] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(M), static_cast<cuuint64_t>(E)};
   const cuuint64_t sb[2] = {static_cast<cuuint64_t>(K) * 2, static_cast<cuuint64_t>(M * K) * 2};
@@ -530,9 +471,6 @@ void launch(Context& ctx, const bf16* a, const bf16* w, const int32_t* off, int 
   const CUtensorMap map_b = make_map(w, 3, db, sb, kMode == kFwd ? bfwd : bdx);
 
   Params p{};
-  p.src = src;
-  p.a = a;
-  p.red = red;
   p.off = off;
   p.c = out;
   p.E = E;
@@ -601,17 +539,6 @@ bool grouped_gemm_ws_supported(const Context& ctx, int64_t N, int64_t K, int64_t
   return ctx.facts().cc_major == 9 && ctx.facts().cc_minor == 0 && N >= 0 && N < (int64_t(1) << 31) && K > 0 &&
          M > 0 && K % 8 == 0 && M % 8 == 0 && E >= 1 && E <= gws::kMaxE && gws::aligned16(x) && gws::aligned16(w) &&
          gws::aligned16(out);
-}
-
-void grouped_gemm_ws_forward_gather(Context& ctx, const __nv_bfloat16* x, int64_t T, const int32_t* src,
-                                    const __nv_bfloat16* w, const int32_t* off, int E, int64_t N, int64_t K, int64_t M,
-                                    __nv_bfloat16* y) {
-  gws::launch<gws::kFwd, gws::kCoop, 1>(ctx, x, w, off, E, N, K, M, y, "gather", 0, src, T);
-}
-void grouped_gemm_ws_dx_gather(Context& ctx, const __nv_bfloat16* dy, int64_t T, const int32_t* src,
-                               const __nv_bfloat16* w, const int32_t* off, int E, int64_t N, int64_t K, int64_t M,
-                               __nv_bfloat16* dx) {
-  gws::launch<gws::kDx, gws::kCoop, 1>(ctx, dy, w, off, E, N, K, M, dx, "gather", 0, src, T);
 }
 
 void grouped_gemm_ws_forward(Context& ctx, const __nv_bfloat16* x, const __nv_bfloat16* w, const int32_t* off,

@@ -45,9 +45,6 @@ struct Cfg {
 };
 
 struct Params {
-  const int32_t* src = nullptr;  // gather: x row of permuted row r is xg[src[r]] (cp.async by warp 0)
-  const bf16* xg = nullptr;
-  int64_t xcols = 0;
   const int32_t* off;
   void* c;     // dw [E, ci, cj] (the AdamW epilogue: the prior gradient, only read)
   double* ss;  // per-tile sums of squares, or null
@@ -162,70 +159,6 @@ __device__ __forceinline__ void produce(const CUtensorMap* map_a, const CUtensor
   }
 }
 
-// Gather producer (warp 0, 32 lanes): dy by TMA (lane 0), x rows by cp.async with the 128B swizzle
-// by hand: lane = chunk (lane & 7) of rows lane / 8 + 4 i, every x block; rows past the tile's
-// expert are zero-filled. Each lane's cp.async completion arrives on the stage (32 arrivals).
-template <class C, int BN, int BK, int kNthr, class Seek>
-__device__ __forceinline__ void produce_gather(const CUtensorMap* map_a, const Params& p, const int32_t* s_off,
-                                               uint32_t base, uint32_t full0, uint32_t empty0, int64_t total,
-                                               int64_t stride, Seek seek, int lane) {
-  constexpr int nthr = kNthr;
-  int stage = 0;
-  uint32_t phase = 0;
-  const int ch = lane & 7, r0 = lane >> 3, rstep = nthr / 8;
-  for (int64_t t = seek(blockIdx.x); t < total; t = seek(t + stride)) {
-    const Tile x = decode<BN, BK>(p, s_off, t);
-    int na = 0, nb = 0;
-    for (int b = 0; b < 2; ++b) na += x.i0 + 64 * b < p.ci;
-    for (int b = 0; b < BN / 64; ++b) nb += x.j0 * BN + 64 * b < p.cj;
-    const uint32_t abytes = static_cast<uint32_t>(na * C::kBlock);
-    const bf16* xcol = p.xg + x.j0 * BN + ch * 8;
-    constexpr int kPer = BK / (kNthr / 8);  // rows per thread per stage
-    int tok[kPer];
-    auto load_tok = [&](int k) {
-#pragma unroll
-      for (int i = 0; i < kPer; ++i) {
-        const int gr = static_cast<int>(x.lo) + k * BK + r0 + rstep * i;
-        tok[i] = gr < x.hi && r0 + rstep * i < BK ? p.src[gr] : -1;
-      }
-    };
-    load_tok(0);
-    for (int k = 0; k < x.ksteps; ++k) {
-      int cur[kPer];
-#pragma unroll
-      for (int i = 0; i < kPer; ++i) cur[i] = tok[i];
-      if (k + 1 < x.ksteps) load_tok(k + 1);  // the next stage's rows, in flight while this one waits
-      wg::mbar_wait(empty0 + 8 * stage, phase ^ 1u);
-      const uint32_t full = full0 + 8 * stage, sa = base + stage * C::kStageBytes;
-      const int r = static_cast<int>(x.lo) + k * BK;
-      if (lane == 0) {
-        wg::mbar_arrive_tx(full, abytes);
-        for (int b = 0; b < na; ++b) tma_2d(sa + b * C::kBlock, map_a, static_cast<int>(x.i0) + 64 * b, r, full);
-      }
-#pragma unroll
-      for (int i = 0; i < kPer; ++i) {
-        const int row = r0 + rstep * i;
-        if (row >= BK) break;
-        const bool ok = cur[i] >= 0;
-        const bf16* src = xcol + static_cast<int64_t>(ok ? cur[i] : 0) * p.xcols;
-        const uint32_t dst = sa + C::kABytes + row * 128 + ((ch ^ (row & 7)) << 4);
-#pragma unroll
-        for (int b = 0; b < BN / 64; ++b) {
-          const uint32_t n = ok && b < nb ? 16u : 0u;
-          asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + b * C::kBlock),
-                       "l"(src + (b < nb ? 64 * b : 0)), "r"(n)
-                       : "memory");
-        }
-      }
-      asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(full) : "memory");
-      if (++stage == C::kStages) {
-        stage = 0;
-        phase ^= 1u;
-      }
-    }
-  }
-}
-
 // Consumers: acc (warpgroup cw's 64 x BN half of the tile) = dy_e^T x_e over the tile's k-slabs, one
 // wgmma group in flight. A slab starts at the expert's first row, so only the last one can run into
 // the next expert's rows (or past N, zero-filled by TMA): rows [valid, BK) of its blocks are zeroed
@@ -233,12 +166,11 @@ __device__ __forceinline__ void produce_gather(const CUtensorMap* map_a, const P
 template <class C, int BN, int BK>
 __device__ __forceinline__ void mainloop(float (&acc)[BN / 2], const Tile& x, uint32_t base, uint32_t full0,
                                          uint32_t empty0, int& stage, uint32_t& phase, int ctid, int cw,
-                                         int lane, bool gather) {
+                                         int lane) {
   constexpr int kNB = 2 + BN / 64;
   int prev = -1;
   for (int k = 0; k < x.ksteps; ++k) {
     wg::mbar_wait(full0 + 8 * stage, phase);
-    if (gather) wg::fence_proxy_async();  // cp.async wrote x through the generic proxy
     const uint32_t sa = base + stage * C::kStageBytes, sb = sa + C::kABytes;
     const int valid = static_cast<int>(x.hi - x.lo) - k * BK;
     if (valid < BK) {
@@ -453,12 +385,6 @@ struct StoreEpilogue {
   }
 };
 
-struct NoStoreEpilogue : StoreEpilogue {
-  static constexpr bool kStore = false;
-};
-template <class Epi>
-constexpr int kGatherThreads = Epi::kStore ? 32 : 128;
-
 // ---- the kernel -----------------------------------------------------------------------------------
 // Tiles walk t, t + grid, ... (tiles of experts without rows skipped; one CTA per tile, rows in order:
 // deterministic). Per tile: the consumers' mainloop, then (once sready says the staging tile is free
@@ -487,7 +413,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   expert_order(s_off, p.E, tid, kThreads);
   if (tid == 0) {
     for (int s = 0; s < kS; ++s) {
-      wg::mbar_init(full0 + 8 * s, p.src != nullptr ? 1 + kGatherThreads<Epi> : 1);
+      wg::mbar_init(full0 + 8 * s, 1);
       wg::mbar_init(empty0 + 8 * s, 8);
     }
     wg::mbar_init(sfull, 256);
@@ -505,13 +431,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int wgi = __shfl_sync(0xffffffffu, tid / 128, 0);
   if (wgi == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(C::kStoreRegs));
-    if (p.src != nullptr && kGatherThreads<Epi> == 128) {
-      produce_gather<C, BN, BK, 128>(&map_a, p, s_off, base, full0, empty0, total, stride, seek, tid);
-      return;
-    }
     if (__shfl_sync(0xffffffffu, tid / 32, 0) == 0) {  // ---- producer warp ----
-      if (p.src != nullptr) produce_gather<C, BN, BK, kGatherThreads<Epi>>(&map_a, p, s_off, base, full0, empty0, total, stride, seek, tid);
-      else if (tid == 0) produce<C, BN, BK>(&map_a, &map_b, p, s_off, base, full0, empty0, total, stride, seek);
+      if (tid == 0) produce<C, BN, BK>(&map_a, &map_b, p, s_off, base, full0, empty0, total, stride, seek);
       __syncwarp();
       return;
     }
@@ -587,8 +508,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;  // dead between tiles (the first wgmma ignores them)
     if constexpr (Epi::kWalk && Epi::kEarly) epi.template fetch<BN>(p, x, ctid, pend);
-    mainloop<C, BN, BK>(acc, x, base, full0, empty0, stage, phase, ctid, cw, lane,
-                        __shfl_sync(0xffffffffu, p.src != nullptr ? 1 : 0, 0) != 0);
+    mainloop<C, BN, BK>(acc, x, base, full0, empty0, stage, phase, ctid, cw, lane);
     if constexpr (Epi::kWalk && !Epi::kEarly) epi.template fetch<BN>(p, x, ctid, pend);
     if (solo) {
       consumers_sync();  // every consumer has walked the previous staged tile
@@ -696,25 +616,6 @@ void launch_dw(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, 
   const int64_t bound = static_cast<int64_t>(E) * p.nmt * p.ncol, sms = dw_sm_count(ctx);
   const int64_t grid = bound < sms ? (bound > 0 ? bound : 1) : sms;
   launch_dw_kernel<BN, DwT, BK>(ctx, x, dy, N, K, M, p, StoreEpilogue{}, grid, "grouped_matmul_backward");
-}
-
-template <class Epi = StoreEpilogue>
-inline void dispatch_dw_gather(Context& ctx, const bf16* x, int64_t T, const int32_t* src, const bf16* dy,
-                               const int32_t* off, int E, int64_t N, int64_t K, int64_t M, void* dw) {
-  Params p = dw_params<256>(off, E, K, M, dw, false, nullptr);
-  p.src = src;
-  p.xg = x;
-  p.xcols = K;
-  const int64_t bound = static_cast<int64_t>(E) * p.nmt * p.ncol, sms = dw_sm_count(ctx);
-  const int64_t grid = bound < sms ? (bound > 0 ? bound : 1) : sms;
-  launch_dw_kernel<256, bf16, 64>(ctx, x, dy, N, K, M, p, Epi{}, grid, "gather");
-}
-inline void dispatch_dw_nostore(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, int E, int64_t N,
-                                int64_t K, int64_t M, void* dw) {
-  const Params p = dw_params<256>(off, E, K, M, dw, false, nullptr);
-  const int64_t bound = static_cast<int64_t>(E) * p.nmt * p.ncol, sms = dw_sm_count(ctx);
-  const int64_t grid = bound < sms ? (bound > 0 ? bound : 1) : sms;
-  launch_dw_kernel<256, bf16, 64>(ctx, x, dy, N, K, M, p, NoStoreEpilogue{}, grid, "nostore");
 }
 
 // Per-tile partials of the sum of squares that dispatch_dw writes (size of the `partial` buffer).
