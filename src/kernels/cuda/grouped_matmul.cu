@@ -162,6 +162,14 @@ static bool use_ws_kernel() {
   static const bool ws = env_string("MT_GEMM_KERNEL", "ws") != "wgmma";
   return ws;
 }
+// The ws kernel's variant (grouped_gemm_ws.cuh; 0: its per-shape default), for benchmarks:
+// MT_GEMM_WS_VARIANT for y, MT_GEMM_WS_DX_VARIANT for dx. Every variant gives the same bits.
+static int ws_variant(bool dx) {
+  static const int fwd = static_cast<int>(env_int("MT_GEMM_WS_VARIANT", 0));
+  static const int bwd = static_cast<int>(env_int("MT_GEMM_WS_DX_VARIANT", 0));
+  const int v = dx ? bwd : fwd;
+  return v >= 0 && v <= 5 ? v : 0;
+}
 
 // offsets are trusted (first 0, non-decreasing, last <= N): read on the device, never on the host.
 void grouped_matmul(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& offsets, Tensor& y) {
@@ -177,7 +185,8 @@ void grouped_matmul(Context& ctx, const Tensor& x, const Tensor& w, const Tensor
       grouped_gemm_ws_supported(ctx, d.N, d.K, d.M, d.E, x.data_ptr(), w.data_ptr(), y.data_ptr())) {
     grouped_gemm_ws_forward(ctx, static_cast<const __nv_bfloat16*>(x.data_ptr()),
                             static_cast<const __nv_bfloat16*>(w.data_ptr()), offsets.data<int32_t>(),
-                            static_cast<int>(d.E), d.N, d.K, d.M, static_cast<__nv_bfloat16*>(y.data_ptr()));
+                            static_cast<int>(d.E), d.N, d.K, d.M, static_cast<__nv_bfloat16*>(y.data_ptr()),
+                            ws_variant(false));
     return;
   }
   if (x.dtype() == DType::kBF16 &&
@@ -216,7 +225,8 @@ void grouped_matmul_dx(Context& ctx, const Tensor& x, const Tensor& w, const Ten
         grouped_gemm_ws_supported(ctx, d.N, d.K, d.M, d.E, dy.data_ptr(), w.data_ptr(), dx.data_ptr())) {
       grouped_gemm_ws_dx(ctx, static_cast<const __nv_bfloat16*>(dy.data_ptr()),
                          static_cast<const __nv_bfloat16*>(w.data_ptr()), offsets.data<int32_t>(),
-                         static_cast<int>(d.E), d.N, d.K, d.M, static_cast<__nv_bfloat16*>(dx.data_ptr()));
+                         static_cast<int>(d.E), d.N, d.K, d.M, static_cast<__nv_bfloat16*>(dx.data_ptr()),
+                         ws_variant(true));
     } else if (x.dtype() == DType::kBF16 &&
         grouped_gemm_wgmma_supported(ctx, d.N, d.K, d.M, d.E, dy.data_ptr(), w.data_ptr(), dx.data_ptr())) {
       grouped_gemm_wgmma_dx(ctx, static_cast<const __nv_bfloat16*>(dy.data_ptr()),

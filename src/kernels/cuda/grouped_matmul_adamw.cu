@@ -55,9 +55,11 @@ bool grouped_matmul_backward_adamw(Context& ctx, const Tensor& x, const Tensor& 
     partial = device_scratch(ctx, tiles * 8);
     part = static_cast<double*>(partial.data_ptr());
   }
+  // MT_DW_ADAMW_VARIANT (read once; benchmarks): dispatch_dw_adamw's variant bits, same results.
+  static const int variant = static_cast<int>(env_int("MT_DW_ADAMW_VARIANT", 0));
   gwd::dispatch_dw_adamw(ctx, static_cast<const __nv_bfloat16*>(x.data_ptr()),
                          static_cast<const __nv_bfloat16*>(dy.data_ptr()), offsets.data<int32_t>(),
-                         static_cast<int>(E), N, K, M, a, part);
+                         static_cast<int>(E), N, K, M, a, part, variant);
   check_launch("grouped_matmul_backward_adamw");
   if (sum_squares) add_partials_into(ctx, part, tiles, static_cast<double*>(sum_squares->data_ptr()));
   return true;
