@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <stdexcept>
+#include <string>
 
 #include "kernels/cuda/attention_flash_problem.cuh"
 #include "kernels/cuda/attention_flash_sm90_ws.cuh"
@@ -27,13 +29,25 @@ struct Sm90Knobs {
   int bwd_ctas_per_sm = 2;    // backward head splits (from 2 heads per CTA) aim at this many CTAs per SM
   int bwd_det_desc = 1;       // deterministic backward: query tiles backwards, 3-7% faster than forwards
 };
-// Benchmark overrides from the environment (read once): MT_ATTN_FWD_STAGES (2 or 3) and
-// MT_ATTN_BWD_CTAS (1..8). Every setting gives the same bits.
+// A benchmark override from the environment: unset or empty keeps `fallback`; anything but an integer
+// in [lo, hi] is an error naming the variable.
+inline int knob_env(const char* name, int fallback, int lo, int hi) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  if (*end != '\0' || x < lo || x > hi)
+    throw std::invalid_argument(std::string("[attention] ") + name + "='" + v + "': expected an integer from " +
+                                std::to_string(lo) + " to " + std::to_string(hi));
+  return static_cast<int>(x);
+}
+// Benchmark overrides (read once): MT_ATTN_FWD_STAGES (2 or 3), MT_ATTN_BWD_CTAS (1..8). Every
+// setting gives the same bits.
 inline Sm90Knobs& sm90_knobs() {
   static Sm90Knobs k = [] {
     Sm90Knobs d;
-    if (const char* e = std::getenv("MT_ATTN_FWD_STAGES")) d.fwd_stages = std::atoi(e) == 2 ? 2 : 3;
-    if (const char* e = std::getenv("MT_ATTN_BWD_CTAS")) d.bwd_ctas_per_sm = std::clamp(std::atoi(e), 1, 8);
+    d.fwd_stages = knob_env("MT_ATTN_FWD_STAGES", d.fwd_stages, 2, 3);
+    d.bwd_ctas_per_sm = knob_env("MT_ATTN_BWD_CTAS", d.bwd_ctas_per_sm, 1, 8);
     return d;
   }();
   return k;

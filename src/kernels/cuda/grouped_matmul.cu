@@ -165,10 +165,13 @@ static bool use_ws_kernel() {
 // The ws kernel's variant (grouped_gemm_ws.cuh; 0: its per-shape default), for benchmarks:
 // MT_GEMM_WS_VARIANT for y, MT_GEMM_WS_DX_VARIANT for dx. Every variant gives the same bits.
 static int ws_variant(bool dx) {
-  static const int fwd = static_cast<int>(env_int("MT_GEMM_WS_VARIANT", 0));
-  static const int bwd = static_cast<int>(env_int("MT_GEMM_WS_DX_VARIANT", 0));
-  const int v = dx ? bwd : fwd;
-  return v >= 0 && v <= 5 ? v : 0;
+  auto read = [](const char* name) {
+    const long v = env_int(name, 0);
+    MT_CHECK(v >= 0 && v <= 5, "[grouped_matmul] {}={}: expected a variant from 0 to 5", name, v);
+    return static_cast<int>(v);
+  };
+  static const int fwd = read("MT_GEMM_WS_VARIANT"), bwd = read("MT_GEMM_WS_DX_VARIANT");
+  return dx ? bwd : fwd;
 }
 
 // offsets are trusted (first 0, non-decreasing, last <= N): read on the device, never on the host.

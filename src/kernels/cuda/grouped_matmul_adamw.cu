@@ -56,7 +56,12 @@ bool grouped_matmul_backward_adamw(Context& ctx, const Tensor& x, const Tensor& 
     part = static_cast<double*>(partial.data_ptr());
   }
   // MT_DW_ADAMW_VARIANT (read once; benchmarks): dispatch_dw_adamw's variant bits, same results.
-  static const int variant = static_cast<int>(env_int("MT_DW_ADAMW_VARIANT", 0));
+  static const int variant = [] {
+    const long v = env_int("MT_DW_ADAMW_VARIANT", 0);
+    MT_CHECK(v == 0 || v == 4 || v == 8 || v == 12, "[grouped_matmul_backward_adamw] MT_DW_ADAMW_VARIANT={}: "
+             "expected 0, 4, 8 or 12", v);
+    return static_cast<int>(v);
+  }();
   gwd::dispatch_dw_adamw(ctx, static_cast<const __nv_bfloat16*>(x.data_ptr()),
                          static_cast<const __nv_bfloat16*>(dy.data_ptr()), offsets.data<int32_t>(),
                          static_cast<int>(E), N, K, M, a, part, variant);
