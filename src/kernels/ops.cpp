@@ -336,14 +336,15 @@ void attention_backward(Context& ctx, const Tensor& q, const Tensor& k, const Te
 }
 
 // ---- SwiGLU --------------------------------------------------------------------------------
-void swiglu_forward(Context& ctx, const Tensor& gu, Tensor& h) {
+void swiglu_forward(Context& ctx, const Tensor& gu, Tensor& h, const Tensor& row_w) {
   const char* op = "swiglu_forward";
-  const Device dev = device_of(ctx, op, {{gu, "gu"}, {h, "h"}});
+  const Device dev = device_of(ctx, op, {{gu, "gu"}, {h, "h"}, {row_w, "row_w"}});
   expect_float(gu, {-1, -1}, op, "gu");
   MT_CHECK(gu.size(1) % 2 == 0, "[swiglu_forward] gu width {} must be even (gate|up)", gu.size(1));
   check_shape(h, {gu.size(0), gu.size(1) / 2}, op, "h");
   check_same_dtype(h, gu, op, "h", "gu");
-  MT_DISPATCH(dev, swiglu_forward, ctx, gu, h);
+  if (row_w.defined()) expect(row_w, {gu.size(0)}, DType::kF32, op, "row_w");
+  MT_DISPATCH(dev, swiglu_forward, ctx, gu, h, row_w);
 }
 
 void swiglu_backward(Context& ctx, const Tensor& gu, const Tensor& dh, Tensor& dgu) {
@@ -354,6 +355,21 @@ void swiglu_backward(Context& ctx, const Tensor& gu, const Tensor& dh, Tensor& d
   expect_float(dh, {gu.size(0), gu.size(1) / 2}, op, "dh");
   expect_float(dgu, gu.shape(), op, "dgu");
   MT_DISPATCH(dev, swiglu_backward, ctx, gu, dh, dgu);
+}
+
+void swiglu_backward_weighted(Context& ctx, const Tensor& gu, const Tensor& dh, const Tensor& row_w, Tensor& dgu,
+                              Tensor& drow_w) {
+  const char* op = "swiglu_backward_weighted";
+  const Device dev = device_of(ctx, op, {{gu, "gu"}, {dh, "dh"}, {row_w, "row_w"}, {dgu, "dgu"}, {drow_w, "drow_w"}});
+  expect_float(gu, {-1, -1}, op, "gu");
+  MT_CHECK(gu.size(1) % 2 == 0, "[swiglu_backward_weighted] gu width {} must be even (gate|up)", gu.size(1));
+  expect_float(dh, {gu.size(0), gu.size(1) / 2}, op, "dh");
+  check_same_dtype(dh, gu, op, "dh", "gu");
+  expect(row_w, {gu.size(0)}, DType::kF32, op, "row_w");
+  expect_float(dgu, gu.shape(), op, "dgu");
+  check_same_dtype(dgu, gu, op, "dgu", "gu");
+  expect(drow_w, {gu.size(0)}, DType::kF32, op, "drow_w");
+  MT_DISPATCH(dev, swiglu_backward_weighted, ctx, gu, dh, row_w, dgu, drow_w);
 }
 
 // ---- MoE router ----------------------------------------------------------------------------
@@ -479,11 +495,13 @@ void moe_unpermute(Context& ctx, const Tensor& yp, const Tensor& row_of, const T
                    const Tensor& residual) {
   const char* op = "moe_unpermute";
   const Device dev = device_of(ctx, op, {{yp, "yp"}, {row_of, "row_of"}, {topk_w, "topk_w"}, {y, "y"}});
-  expect(topk_w, {-1, -1}, DType::kF32, op, "topk_w");
-  const int64_t T = topk_w.size(0), k = topk_w.size(1);
-  expect_float(yp, {T * k, -1}, op, "yp");
+  expect_float(y, {-1, -1}, op, "y");
+  const int64_t T = y.size(0);
+  if (topk_w.defined()) expect(topk_w, {T, -1}, DType::kF32, op, "topk_w");
+  expect_float(yp, {-1, y.size(1)}, op, "yp");
+  const int64_t k = topk_w.defined() ? topk_w.size(1) : (T > 0 ? yp.size(0) / T : 0);
+  check_shape(yp, {T * k, y.size(1)}, op, "yp");  // without weights: k whole rows per token
   expect(row_of, {T * k}, DType::kI32, op, "row_of");
-  check_shape(y, {T, yp.size(1)}, op, "y");
   check_same_dtype(y, yp, op, "y", "yp");
   if (residual.defined()) {
     MT_CHECK(residual.device() == y.device(), "[moe_unpermute] residual is on {}, y on {}", residual.device().str(),
@@ -508,6 +526,24 @@ void moe_unpermute_backward(Context& ctx, const Tensor& dy, const Tensor& yp, co
   expect_float(dyp, {T * k, H}, op, "dyp");
   expect(dtopk_w, {T, k}, DType::kF32, op, "dtopk_w");
   MT_DISPATCH(dev, moe_unpermute_backward, ctx, dy, yp, row_of, topk_w, dyp, dtopk_w);
+}
+
+void moe_rows_from_picks(Context& ctx, const Tensor& picks, const Tensor& row_of, Tensor& rows) {
+  const char* op = "moe_rows_from_picks";
+  const Device dev = device_of(ctx, op, {{picks, "picks"}, {row_of, "row_of"}, {rows, "rows"}});
+  expect(picks, {-1, -1}, DType::kF32, op, "picks");
+  expect(row_of, {picks.numel()}, DType::kI32, op, "row_of");
+  expect(rows, {picks.numel()}, DType::kF32, op, "rows");
+  MT_DISPATCH(dev, moe_rows_from_picks, ctx, picks, row_of, rows);
+}
+
+void moe_picks_from_rows(Context& ctx, const Tensor& rows, const Tensor& row_of, Tensor& picks) {
+  const char* op = "moe_picks_from_rows";
+  const Device dev = device_of(ctx, op, {{rows, "rows"}, {row_of, "row_of"}, {picks, "picks"}});
+  expect(picks, {-1, -1}, DType::kF32, op, "picks");
+  expect(row_of, {picks.numel()}, DType::kI32, op, "row_of");
+  expect(rows, {picks.numel()}, DType::kF32, op, "rows");
+  MT_DISPATCH(dev, moe_picks_from_rows, ctx, rows, row_of, picks);
 }
 
 // ---- grouped expert GEMM -------------------------------------------------------------------

@@ -93,9 +93,17 @@ void attention_backward(Context& ctx, const Tensor& q, const Tensor& k, const Te
                         Tensor& dq /*[T,nh,d]*/, Tensor& dk /*[T,nkv,d]*/, Tensor& dv /*[T,nkv,d]*/);
 
 // ---- SwiGLU on a fused gate|up row: h = silu(gu[:, :I]) * gu[:, I:] --------------------------
-void swiglu_forward(Context& ctx, const Tensor& gu /*[N,2I]*/, Tensor& h /*[N,I]*/);
+// With row_w [N] f32, h[r] = row_w[r] * a[r], where a = silu(g) * u is first rounded to h's dtype
+// (the MoE layer applies each pick's routing weight here, before the down projection).
+void swiglu_forward(Context& ctx, const Tensor& gu /*[N,2I]*/, Tensor& h /*[N,I]*/,
+                    const Tensor& row_w = Tensor() /*[N] f32 or undefined*/);
 void swiglu_backward(Context& ctx, const Tensor& gu /*[N,2I]*/, const Tensor& dh /*[N,I]*/,
                      Tensor& dgu /*[N,2I]*/);
+// Backward of the weighted form: dgu from row_w[r] * dh[r] (in f32, no rounding in between), and
+// drow_w[r] = sum_c dh[r,c] * a[r,c] with a recomputed exactly as the forward rounded it.
+void swiglu_backward_weighted(Context& ctx, const Tensor& gu /*[N,2I]*/, const Tensor& dh /*[N,I]*/,
+                              const Tensor& row_w /*[N] f32*/, Tensor& dgu /*[N,2I]*/,
+                              Tensor& drow_w /*[N] f32, overwritten*/);
 
 // ---- MoE router ----------------------------------------------------------------------------
 // probs = softmax(logits) in fp32; top-k by probability, ties broken by the lower expert index;
@@ -137,13 +145,20 @@ void moe_permute(Context& ctx, const Tensor& x /*[T,H]*/, const Tensor& token_of
 void moe_permute_backward(Context& ctx, const Tensor& dxp /*[T*k,H]*/, const Tensor& row_of /*[T*k]*/,
                           Tensor& dx /*[T,H], overwritten*/);
 // y[t] = sum_j topk_w[t,j] * yp[row_of[t*k+j]] (+ residual[t] when given, added in f32 after the sum,
-// with one rounding: the layer output h + FFN(b) without a separate add)
+// with one rounding: the layer output h + FFN(b) without a separate add). An undefined topk_w
+// weighs every row 1 (k = rows / T): the MoE layer, whose weights went in before the experts.
 void moe_unpermute(Context& ctx, const Tensor& yp /*[T*k,H]*/, const Tensor& row_of,
-                   const Tensor& topk_w /*[T,k] f32*/, Tensor& y /*[T,H]*/,
+                   const Tensor& topk_w /*[T,k] f32 or undefined*/, Tensor& y /*[T,H]*/,
                    const Tensor& residual = Tensor() /*[T,H], y's dtype*/);
 void moe_unpermute_backward(Context& ctx, const Tensor& dy /*[T,H]*/, const Tensor& yp,
                             const Tensor& row_of, const Tensor& topk_w, Tensor& dyp /*[T*k,H]*/,
                             Tensor& dtopk_w /*[T,k] f32*/);
+// A per-pick f32 value into permuted-row order and back: rows[row_of[p]] = picks[p] and
+// picks[p] = rows[row_of[p]] (the routing weights for swiglu_forward, their gradient back).
+void moe_rows_from_picks(Context& ctx, const Tensor& picks /*[T,k] f32*/, const Tensor& row_of /*[T*k]*/,
+                         Tensor& rows /*[T*k] f32*/);
+void moe_picks_from_rows(Context& ctx, const Tensor& rows /*[T*k] f32*/, const Tensor& row_of /*[T*k]*/,
+                         Tensor& picks /*[T,k] f32*/);
 
 // ---- grouped expert GEMM: y[r] = x[r] W[e]^T for rows r in [offsets[e], offsets[e+1]) ----------
 // offsets live on the tensors' device (no host synchronization needed by the caller).

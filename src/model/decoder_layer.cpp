@@ -5,7 +5,10 @@
 //   attention: RMSNorm -> q/k/v proj -> per-head RMSNorm (q, k) -> RoPE -> attention -> o_proj
 //   dense FFN: RMSNorm -> gate|up proj -> SwiGLU -> down proj
 //   MoE FFN:   RMSNorm -> router -> top-k -> route index -> permute -> grouped gate|up ->
-//              SwiGLU -> grouped down -> weighted unpermute
+//              SwiGLU times each pick's routing weight -> grouped down -> unpermute (a plain sum)
+// The routing weight scales the down projection's input rather than its output (the same
+// product, rounded in another place): the backward then needs neither the expert outputs nor a
+// weighted copy of dy, and the weights' gradient comes out of the SwiGLU backward.
 #include "model/decoder_layer.h"
 
 #include <cmath>
@@ -122,16 +125,18 @@ Tensor moe_ffn_forward(Context& ctx, const ModelConfig& cfg, const LayerParams& 
   s.row_of = act_empty({T * k}, DType::kI32, dev);
   s.token_of = act_empty({T * k}, DType::kI32, dev);
   ops::moe_route_index(ctx, s.topk_idx, static_cast<int>(E), s.counts, s.offsets, s.row_of, s.token_of);
+  s.row_w = act_empty({T * k}, DType::kF32, dev);
+  ops::moe_rows_from_picks(ctx, s.topk_w, s.row_of, s.row_w);
   s.xp = act_empty({T * k, H}, dt, dev);
   ops::moe_permute(ctx, s.b, s.token_of, s.xp);
   s.gu = act_empty({T * k, 2 * I}, dt, dev);
   ops::grouped_matmul(ctx, s.xp, w.experts_gate_up, s.offsets, s.gu);
   s.act = act_empty({T * k, I}, dt, dev);
-  ops::swiglu_forward(ctx, s.gu, s.act);
-  s.yp = act_empty({T * k, H}, dt, dev);
-  ops::grouped_matmul(ctx, s.act, w.experts_down, s.offsets, s.yp);
+  ops::swiglu_forward(ctx, s.gu, s.act, s.row_w);
+  Tensor yp = work_empty({T * k, H}, dt, dev);
+  ops::grouped_matmul(ctx, s.act, w.experts_down, s.offsets, yp);
   Tensor y = act_empty({T, H}, dt, dev);  // becomes the layer output: h + FFN(b)
-  ops::moe_unpermute(ctx, s.yp, s.row_of, s.topk_w, y, /*residual=*/s.h);
+  ops::moe_unpermute(ctx, yp, s.row_of, Tensor(), y, /*residual=*/s.h);
   return y;
 }
 
@@ -157,9 +162,9 @@ void moe_ffn_backward(Context& ctx, const ModelConfig& cfg, const LayerParams& w
   const int64_t k = cfg.num_experts_per_tok, I = cfg.moe_intermediate_size;
   const DType dt = s.b.dtype();
   const Device dev = s.b.device();
+  // The combine is a plain sum, so each row's gradient is its token's dy.
   Tensor dyp = work_empty({T * k, H}, dt, dev);
-  Tensor dtopk_w = work_empty({T, k}, DType::kF32, dev);
-  ops::moe_unpermute_backward(ctx, dy, s.yp, s.row_of, s.topk_w, dyp, dtopk_w);
+  ops::moe_permute(ctx, dy, s.token_of, dyp);
   Tensor dact = work_empty({T * k, I}, dt, dev);
   // Each expert matrix: its gradient into g (= or +=), or straight into its AdamW update (without
   // a buffer in g, nothing earlier to add; a pass without a target for such a matrix is refused).
@@ -176,8 +181,12 @@ void moe_ffn_backward(Context& ctx, const ModelConfig& cfg, const LayerParams& w
   expert_backward(s.act, w.experts_down, dyp, dact, g.experts_down, upd.down);
   dyp = Tensor();
   Tensor dgu = work_empty({T * k, 2 * I}, dt, dev);
-  ops::swiglu_backward(ctx, s.gu, dact, dgu);
+  Tensor drow_w = work_empty({T * k}, DType::kF32, dev);
+  ops::swiglu_backward_weighted(ctx, s.gu, dact, s.row_w, dgu, drow_w);
   dact = Tensor();
+  Tensor dtopk_w = work_empty({T, k}, DType::kF32, dev);
+  ops::moe_picks_from_rows(ctx, drow_w, s.row_of, dtopk_w);
+  drow_w = Tensor();
   Tensor dxp = work_empty({T * k, H}, dt, dev);
   expert_backward(s.xp, w.experts_gate_up, dgu, dxp, g.experts_gate_up, upd.gate_up);
   dgu = Tensor();
@@ -295,7 +304,7 @@ void restore_recomputed(Context& ctx, const ModelConfig& cfg, const LayerParams&
     ops::moe_permute(ctx, s.b, s.token_of, s.xp);
   }
   s.act = act_empty({s.gu.size(0), s.gu.size(1) / 2}, dt, dev);
-  ops::swiglu_forward(ctx, s.gu, s.act);
+  ops::swiglu_forward(ctx, s.gu, s.act, s.row_w);  // row_w is undefined in a dense layer
 }
 
 void logsumexp_rows(Context& ctx, const Tensor& logits, Tensor& lse) {

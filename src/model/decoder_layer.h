@@ -31,14 +31,16 @@ struct LayerActs {
   Tensor attn, lse;         // [S] [T,nh,d] attention output, [S] [nh,T] f32
   Tensor h;                 // [T,H] after the attention residual
   Tensor b, rstd_post;      // [S] [T,H] post-attention RMSNorm output, [T] f32
-  Tensor gu, act;           // dense: [T,2I], [S] [T,I]; MoE: [Tk,2I], [S] [Tk,I] (expert-contiguous)
+  Tensor gu, act;           // dense: [T,2I], [S] [T,I]; MoE: [Tk,2I], [S] [Tk,I] (expert-contiguous,
+                            // each row times its routing weight)
   // MoE only
   Tensor router_logits;     // [T,E] f32
   Tensor probs;             // [T,E] f32 softmax of router_logits
   Tensor topk_idx, topk_w;  // [T,k] i32, [T,k] f32
   Tensor counts, offsets;   // [E] i32, [E+1] i32 (device-side grouping)
   Tensor row_of, token_of;  // [Tk] i32
-  Tensor xp, yp;            // [S] [Tk,H] permuted expert inputs; [Tk,H] expert outputs (unweighted)
+  Tensor row_w;             // [Tk] f32 routing weight of each permuted row
+  Tensor xp;                // [S] [Tk,H] permuted expert inputs
   Tensor z_lse;             // [T] f32 logsumexp of router logits (z-loss on)
   void clear() { *this = LayerActs(); }
 };

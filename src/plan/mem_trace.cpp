@@ -267,25 +267,30 @@ int layer_forward(Trace& t, const Dims& d, const TraceShape& s, bool sparse, int
     const double bytes = counting ? std::ceil(d.Tk / 1024) * (d.E + 1) * 4 : 3 * d.Tk * 4;
     t.free(t.alloc(TraceGroup::kLayerTemp, kWork, std::ceil(bytes / 256) * 256, "route index scratch"));
   }
+  A(d.Tk * 4, "row_w (routing weight per permuted row) [T*k] f32", false);
+  int combined = -1;  // the expert outputs the unpermute sums (not saved: the weights went in before)
   if (s.ep == 1) {
     A(d.Tk * d.H * dt, "xp (permuted expert inputs) [T*k,H]", true);
     A(d.Tk * 2 * d.I_moe * dt, "gu (expert gate|up) [T*k,2I]", false);
-    A(d.Tk * d.I_moe * dt, "act (expert SwiGLU) [T*k,I]", true);
-    A(d.Tk * d.H * dt, "yp (expert outputs) [T*k,H]", false);
+    A(d.Tk * d.I_moe * dt, "act (expert SwiGLU times routing weight) [T*k,I]", true);
+    combined = t.alloc(TraceGroup::kLayerTemp, kWork, d.Tk * d.H * dt, "yp (expert outputs) [T*k,H]");
   } else {
-    // EP (planning): permuted rows go out by all-to-all; this rank's experts get R rows.
+    // EP (planning): permuted rows and their weights go out by all-to-all; this rank's experts get R rows.
     const int send = t.alloc(TraceGroup::kDispatch, kWork, d.Tk * d.H * dt, "dispatch send [T*k,H]");
     const int xr = t.alloc(TraceGroup::kDispatch, kAct, d.R * d.H * dt, "xp received [R,H]");
     ids.saved.push_back(xr);
     ids.dropped.push_back(xr);
     t.free(send);
+    A(d.R * 4, "row_w received [R] f32", false);
     A(d.R * 2 * d.I_moe * dt, "gu (expert gate|up) [R,2I]", false);
-    A(d.R * d.I_moe * dt, "act (expert SwiGLU) [R,I]", true);
+    A(d.R * d.I_moe * dt, "act (expert SwiGLU times routing weight) [R,I]", true);
     const int yp = t.alloc(TraceGroup::kDispatch, kWork, d.R * d.H * dt, "expert outputs [R,H]");
-    ids.saved.push_back(t.alloc(TraceGroup::kDispatch, kAct, d.Tk * d.H * dt, "yp combined back [T*k,H]"));
+    combined = t.alloc(TraceGroup::kDispatch, kWork, d.Tk * d.H * dt, "yp combined back [T*k,H]");
     t.free(yp);
   }
-  return t.alloc(out_group, kAct, T * d.H * dt, "out (unpermuted experts + h; next layer's x) [T,H]");
+  const int out = t.alloc(out_group, kAct, T * d.H * dt, "out (unpermuted experts + h; next layer's x) [T,H]");
+  t.free(combined);
+  return out;
 }
 
 // restore_recomputed (selective recompute): the [S] fields again, as activations.
@@ -322,8 +327,7 @@ void layer_backward(Trace& t, const ModelConfig& c, const Dims& d, const TraceSh
     const double R = s.ep == 1 ? d.Tk : d.R;
     int dyp_send = -1;
     if (s.ep > 1) dyp_send = t.alloc(TraceGroup::kDispatch, kWork, d.Tk * d.H * dt, "dyp send [T*k,H]");
-    const int dyp = W(R * d.H * dt, "dyp");
-    at_end.push_back(W(T * d.k * 4, "dtopk_w"));
+    const int dyp = W(R * d.H * dt, "dyp (each row its token's dy)");
     t.free(dyp_send);
     const int dact = W(R * d.I_moe * dt, "dact");
     // The expert weights' gradient workspace of the in-backward update (down, then gate_up).
@@ -331,7 +335,10 @@ void layer_backward(Trace& t, const ModelConfig& c, const Dims& d, const TraceSh
     if (expert_mats > 0) t.free(W(expert_mats, "expert down gradient (in-backward update workspace)"));
     t.free(dyp);
     const int dgu = W(R * 2 * d.I_moe * dt, "dgu");
+    const int drow_w = W(R * 4, "drow_w [R] f32");
     t.free(dact);
+    at_end.push_back(W(T * d.k * 4, "dtopk_w"));
+    t.free(drow_w);
     const int dxp = W(R * d.H * dt, "dxp");
     if (expert_mats > 0) t.free(W(2 * expert_mats, "expert gate_up gradient (in-backward update workspace)"));
     t.free(dgu);

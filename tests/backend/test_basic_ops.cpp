@@ -255,13 +255,26 @@ TEST(Backend, SwiGlu) {
       Pair gu = input(randn(c.N * 2 * c.I, 61, 2.0f), {c.N, 2 * c.I}, dt);
       Pair h = output({c.N, c.I}, dt);
       ops::swiglu_forward(gpu_ctx(), gu.gpu, h.gpu);
-      cpu::swiglu_forward(cpu_ctx(), gu.cpu, h.cpu);
+      cpu::swiglu_forward(cpu_ctx(), gu.cpu, h.cpu, Tensor());
       check("swiglu_forward", "h", h, dt == DType::kBF16 ? kTolBf16 : 1e-6);
       Pair dh = input(randn(c.N * c.I, 62), {c.N, c.I}, dt);
       Pair dgu = output({c.N, 2 * c.I}, dt);
       ops::swiglu_backward(gpu_ctx(), gu.gpu, dh.gpu, dgu.gpu);
       cpu::swiglu_backward(cpu_ctx(), gu.cpu, dh.cpu, dgu.cpu);
       check("swiglu_backward", "dgu", dgu, dt == DType::kBF16 ? kTolBf16 : 1e-6);
+      // With a routing weight per row (the MoE layer's form) and its gradient. 33 x 100 has rows
+      // that are not 16-byte aligned: the kernels' column loop instead of packs.
+      const std::string tag = "N" + std::to_string(c.N) + " I" + std::to_string(c.I) + " " + dt_name(dt);
+      Pair w = input(randu(c.N, 63, 0.05f, 1.0f), {c.N}, DType::kF32);
+      Pair hw = output({c.N, c.I}, dt);
+      ops::swiglu_forward(gpu_ctx(), gu.gpu, hw.gpu, w.gpu);
+      cpu::swiglu_forward(cpu_ctx(), gu.cpu, hw.cpu, w.cpu);
+      check("swiglu_forward", "h weighted " + tag, hw, dt == DType::kBF16 ? kTolBf16 : 1e-6);
+      Pair dguw = output({c.N, 2 * c.I}, dt), dw = output({c.N}, DType::kF32);
+      ops::swiglu_backward_weighted(gpu_ctx(), gu.gpu, dh.gpu, w.gpu, dguw.gpu, dw.gpu);
+      cpu::swiglu_backward_weighted(cpu_ctx(), gu.cpu, dh.cpu, w.cpu, dguw.cpu, dw.cpu);
+      check("swiglu_backward_weighted", "dgu " + tag, dguw, dt == DType::kBF16 ? kTolBf16 : 1e-6);
+      check("swiglu_backward_weighted", "drow_w " + tag, dw, dt == DType::kBF16 ? 5e-3 : 1e-5);
     }
   }
 }

@@ -163,6 +163,11 @@ TEST(Backend, MoePermute) {
       ops::moe_unpermute(gpu_ctx(), yp.gpu, r.row_of.gpu, w.gpu, yr.gpu, res.gpu);
       cpu::moe_unpermute(cpu_ctx(), yp.cpu, r.row_of.cpu, w.cpu, yr.cpu, res.cpu);
       check("moe_unpermute", "y + residual " + tg, yr, tol_for(dt));
+      // Without weights (the MoE layer's form: the weights went in before the experts).
+      Pair yu = output({c.T, c.H}, dt);
+      ops::moe_unpermute(gpu_ctx(), yp.gpu, r.row_of.gpu, Tensor(), yu.gpu, res.gpu);
+      cpu::moe_unpermute(cpu_ctx(), yp.cpu, r.row_of.cpu, Tensor(), yu.cpu, res.cpu);
+      check("moe_unpermute", "y unweighted + residual " + tg, yu, tol_for(dt));
 
       Pair dy = input(randn(c.T * c.H, 106), {c.T, c.H}, dt);
       Pair dyp = output({N, c.H}, dt), dw = output({c.T, c.k}, DType::kF32);
@@ -171,6 +176,16 @@ TEST(Backend, MoePermute) {
       check("moe_unpermute_backward", "dyp " + tg, dyp, tol_for(dt));
       check("moe_unpermute_backward", "dtopk_w " + tg, dw, 1e-5);
     }
+    // Per-pick values into row order and back: exact.
+    Pair pv = input(randn(N, 108), {c.T, c.k}, DType::kF32);
+    Pair rows = output({N}, DType::kF32);
+    ops::moe_rows_from_picks(gpu_ctx(), pv.gpu, r.row_of.gpu, rows.gpu);
+    cpu::moe_rows_from_picks(cpu_ctx(), pv.cpu, r.row_of.cpu, rows.cpu);
+    check_exact("moe_rows_from_picks", "rows " + tag, rows);
+    Pair back = output({c.T, c.k}, DType::kF32);
+    ops::moe_picks_from_rows(gpu_ctx(), rows.gpu, r.row_of.gpu, back.gpu);
+    cpu::moe_picks_from_rows(cpu_ctx(), rows.cpu, r.row_of.cpu, back.cpu);
+    check_exact("moe_picks_from_rows", "picks " + tag, back);
   }
 }
 

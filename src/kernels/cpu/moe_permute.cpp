@@ -1,8 +1,9 @@
 // CPU token permutation into expert-contiguous order and back. route_index is a counting sort
 // of the T*k picks by expert, stable in flat pick order; permute gathers rows; unpermute is the
-// weighted combine y[t] = sum_j w[t,j] yp[row_of[t*k+j]]. Backwards: permute's is a per-token
-// gather-sum over its k rows (j order, deterministic); unpermute's scatters w * dy into rows and
-// gives dw[t,j] = dy[t] . yp[row] (double dot).
+// weighted combine y[t] = sum_j w[t,j] yp[row_of[t*k+j]] (w = 1 without weights). Backwards:
+// permute's is a per-token gather-sum over its k rows (j order, deterministic); unpermute's
+// scatters w * dy into rows and gives dw[t,j] = dy[t] . yp[row] (double dot). rows_from_picks and
+// picks_from_rows move one f32 value per pick between the two orders.
 #include <algorithm>
 #include <vector>
 
@@ -75,13 +76,14 @@ void moe_permute_backward(Context& ctx, const Tensor& dxp, const Tensor& row_of,
 void moe_unpermute(Context& ctx, const Tensor& yp, const Tensor& row_of, const Tensor& topk_w,
                    Tensor& y, const Tensor& residual) {
   require_f32(yp, "moe_unpermute", "yp");
-  require_f32(topk_w, "moe_unpermute", "topk_w");
+  if (topk_w.defined()) require_f32(topk_w, "moe_unpermute", "topk_w");
   require_f32(y, "moe_unpermute", "y");
-  const int64_t T = y.size(0), H = y.size(1), N = yp.size(0), k = topk_w.size(1);
+  const int64_t T = y.size(0), H = y.size(1), N = yp.size(0);
+  const int64_t k = topk_w.defined() ? topk_w.size(1) : (T ? N / T : 0);
   const int32_t* rp = row_of.data<int32_t>();
   check_rows(rp, T * k, N, "moe_unpermute", "row_of");
   const float* src = yp.data<float>();
-  const float* wp = topk_w.data<float>();
+  const float* wp = topk_w.defined() ? topk_w.data<float>() : nullptr;
   float* dst = y.data<float>();
   if (residual.defined()) require_f32(residual, "moe_unpermute", "residual");
   const float* res = residual.defined() ? residual.data<float>() : nullptr;
@@ -90,7 +92,7 @@ void moe_unpermute(Context& ctx, const Tensor& yp, const Tensor& row_of, const T
       float* o = dst + t * H;
       std::fill(o, o + H, 0.0f);
       for (int64_t j = 0; j < k; ++j) {
-        const float w = wp[t * k + j];
+        const float w = wp ? wp[t * k + j] : 1.0f;
         const float* r = src + static_cast<int64_t>(rp[t * k + j]) * H;
         for (int64_t h = 0; h < H; ++h) o[h] += w * r[h];
       }
@@ -135,6 +137,26 @@ void moe_unpermute_backward(Context& ctx, const Tensor& dy, const Tensor& yp, co
       }
     }
   });
+}
+
+void moe_rows_from_picks(Context& ctx, const Tensor& picks, const Tensor& row_of, Tensor& rows) {
+  require_f32("moe_rows_from_picks", {{picks, "picks"}, {rows, "rows"}});
+  const int64_t P = picks.numel();
+  const int32_t* rp = row_of.data<int32_t>();
+  check_rows(rp, P, P, "moe_rows_from_picks", "row_of");
+  const float* src = picks.data<float>();
+  float* dst = rows.data<float>();
+  for (int64_t p = 0; p < P; ++p) dst[rp[p]] = src[p];
+}
+
+void moe_picks_from_rows(Context& ctx, const Tensor& rows, const Tensor& row_of, Tensor& picks) {
+  require_f32("moe_picks_from_rows", {{rows, "rows"}, {picks, "picks"}});
+  const int64_t P = picks.numel();
+  const int32_t* rp = row_of.data<int32_t>();
+  check_rows(rp, P, P, "moe_picks_from_rows", "row_of");
+  const float* src = rows.data<float>();
+  float* dst = picks.data<float>();
+  for (int64_t p = 0; p < P; ++p) dst[p] = src[rp[p]];
 }
 
 }  // namespace moetrain::cpu

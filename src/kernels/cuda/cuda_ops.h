@@ -58,8 +58,10 @@ void attention_backward(Context& ctx, const Tensor& q, const Tensor& k, const Te
                         Tensor& dk, Tensor& dv);
 
 // ---- SwiGLU --------------------------------------------------------------------------------
-void swiglu_forward(Context& ctx, const Tensor& gu, Tensor& h);
+void swiglu_forward(Context& ctx, const Tensor& gu, Tensor& h, const Tensor& row_w);
 void swiglu_backward(Context& ctx, const Tensor& gu, const Tensor& dh, Tensor& dgu);
+void swiglu_backward_weighted(Context& ctx, const Tensor& gu, const Tensor& dh, const Tensor& row_w, Tensor& dgu,
+                              Tensor& drow_w);
 
 // ---- MoE router ----------------------------------------------------------------------------
 void router_topk(Context& ctx, const Tensor& logits, int k, bool normalize, Tensor& probs,
@@ -84,6 +86,8 @@ void moe_unpermute(Context& ctx, const Tensor& yp, const Tensor& row_of, const T
                    Tensor& y, const Tensor& residual);
 void moe_unpermute_backward(Context& ctx, const Tensor& dy, const Tensor& yp, const Tensor& row_of,
                             const Tensor& topk_w, Tensor& dyp, Tensor& dtopk_w);
+void moe_rows_from_picks(Context& ctx, const Tensor& picks, const Tensor& row_of, Tensor& rows);
+void moe_picks_from_rows(Context& ctx, const Tensor& rows, const Tensor& row_of, Tensor& picks);
 
 // ---- grouped expert GEMM (offsets read on the device; no host sync) ------------------------
 void grouped_matmul(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& offsets, Tensor& y);

@@ -136,15 +136,27 @@ __global__ void fill_normal_kernel(T* __restrict__ t, int64_t n, float mean, flo
   }
 }
 
+// silu(g) * u rounded to T: the forward's stored value, and what the weighted backward recomputes.
 template <typename T>
-__global__ void swiglu_fwd_kernel(const T* __restrict__ gu, T* __restrict__ h, int64_t rows, int64_t inter) {
+__device__ __forceinline__ T swiglu_value(float g, float u) {
+  const float sg = 1.0f / (1.0f + expf(-g));
+  return from_f<T>(g * sg * u);
+}
+// The forward's output: the value itself, or the row weight times it (rounded again).
+template <typename T>
+__device__ __forceinline__ T swiglu_out(float g, float u, const float* __restrict__ w, int64_t r) {
+  const T a = swiglu_value<T>(g, u);
+  return w ? from_f<T>(w[r] * to_f(a)) : a;
+}
+
+template <typename T>
+__global__ void swiglu_fwd_kernel(const T* __restrict__ gu, const float* __restrict__ w, T* __restrict__ h,
+                                  int64_t rows, int64_t inter) {
   pdl_wait();
   const int64_t n = rows * inter;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
     const int64_t r = i / inter, c = i - r * inter;
-    const float g = to_f(gu[r * 2 * inter + c]), u = to_f(gu[r * 2 * inter + inter + c]);
-    const float sg = 1.0f / (1.0f + expf(-g));
-    h[i] = from_f<T>(g * sg * u);
+    h[i] = swiglu_out<T>(to_f(gu[r * 2 * inter + c]), to_f(gu[r * 2 * inter + inter + c]), w, r);
   }
 }
 
@@ -167,7 +179,8 @@ __global__ void swiglu_bwd_kernel(const T* __restrict__ gu, const DH* __restrict
 // The same two kernels on 16-byte vectors of kV = 16 / sizeof(T) elements (inter % kV == 0, all
 // pointers 16-byte aligned): the same arithmetic per element, so the same bits.
 template <typename T>
-__global__ void swiglu_fwd_vec_kernel(const T* __restrict__ gu, T* __restrict__ h, int64_t rows, int64_t inter) {
+__global__ void swiglu_fwd_vec_kernel(const T* __restrict__ gu, const float* __restrict__ w, T* __restrict__ h,
+                                      int64_t rows, int64_t inter) {
   pdl_wait();
   constexpr int kV = 16 / sizeof(T);
   const int64_t iv = inter / kV, n = rows * iv;
@@ -180,11 +193,7 @@ __global__ void swiglu_fwd_vec_kernel(const T* __restrict__ gu, T* __restrict__ 
     uint4 out;
     T* oe = reinterpret_cast<T*>(&out);
 #pragma unroll
-    for (int j = 0; j < kV; ++j) {
-      const float g = to_f(ge[j]), u = to_f(ue[j]);
-      const float sg = 1.0f / (1.0f + expf(-g));
-      oe[j] = from_f<T>(g * sg * u);
-    }
+    for (int j = 0; j < kV; ++j) oe[j] = swiglu_out<T>(to_f(ge[j]), to_f(ue[j]), w, r);
     *reinterpret_cast<uint4*>(h + r * inter + c) = out;
   }
 }
@@ -216,6 +225,55 @@ __global__ void swiglu_bwd_vec_kernel(const T* __restrict__ gu, const T* __restr
     *reinterpret_cast<uint4*>(dgu + r * 2 * inter + c) = og;
     *reinterpret_cast<uint4*>(dgu + r * 2 * inter + inter + c) = ou;
   }
+}
+
+// Weighted backward, one warp per row: dgu from w[r] * dh (in f32), and dw[r] = sum_c dh * a with a
+// the forward's rounded value. Each lane sums its columns in order (16-byte packs of kV when
+// `packs`, else single columns strided by 32), then a fixed xor tree sums the lanes.
+template <typename T>
+__global__ void swiglu_bwd_weighted_kernel(const T* __restrict__ gu, const T* __restrict__ dh,
+                                           const float* __restrict__ w, T* __restrict__ dgu, float* __restrict__ dw,
+                                           int64_t rows, int64_t inter, bool packs) {
+  pdl_wait();
+  constexpr int kV = 16 / sizeof(T);
+  const int lane = threadIdx.x & 31;
+  const int64_t r = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32;
+  if (r >= rows) return;
+  const T* g_row = gu + r * 2 * inter;
+  const T* d_row = dh + r * inter;
+  T* dg_row = dgu + r * 2 * inter;
+  const float wr = w[r];
+  float dot = 0.0f;
+  auto one = [&](float g, float u, float d, T& og, T& ou) {
+    dot += d * to_f(swiglu_value<T>(g, u));
+    const float sg = 1.0f / (1.0f + expf(-g));
+    const float dd = wr * d;
+    og = from_f<T>(dd * u * sg * (1.0f + g * (1.0f - sg)));
+    ou = from_f<T>(dd * g * sg);
+  };
+  if (packs) {
+    for (int64_t c = static_cast<int64_t>(lane) * kV; c < inter; c += 32 * kV) {
+      const uint4 graw = *reinterpret_cast<const uint4*>(g_row + c);
+      const uint4 uraw = *reinterpret_cast<const uint4*>(g_row + inter + c);
+      const uint4 draw = *reinterpret_cast<const uint4*>(d_row + c);
+      const T* ge = reinterpret_cast<const T*>(&graw);
+      const T* ue = reinterpret_cast<const T*>(&uraw);
+      const T* de = reinterpret_cast<const T*>(&draw);
+      uint4 og, ou;
+      T* oge = reinterpret_cast<T*>(&og);
+      T* oue = reinterpret_cast<T*>(&ou);
+#pragma unroll
+      for (int j = 0; j < kV; ++j) one(to_f(ge[j]), to_f(ue[j]), to_f(de[j]), oge[j], oue[j]);
+      *reinterpret_cast<uint4*>(dg_row + c) = og;
+      *reinterpret_cast<uint4*>(dg_row + inter + c) = ou;
+    }
+  } else {
+    for (int64_t c = lane; c < inter; c += 32) one(to_f(g_row[c]), to_f(g_row[inter + c]), to_f(d_row[c]), dg_row[c],
+                                                   dg_row[inter + c]);
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+  if (lane == 0) dw[r] = dot;
 }
 
 bool vec16_ok(int64_t inter, size_t elem, std::initializer_list<const void*> ptrs) {
@@ -332,22 +390,53 @@ void fill_normal(Context& ctx, Tensor& t, float mean, float std, RngStream strea
   check_launch("fill_normal");
 }
 
-void swiglu_forward(Context& ctx, const Tensor& gu, Tensor& h) {
+void swiglu_forward(Context& ctx, const Tensor& gu, Tensor& h, const Tensor& row_w) {
   need_cuda(gu, "swiglu_forward", "gu");
   need_cuda(h, "swiglu_forward", "h");
   need_dtype(h, gu.dtype(), "swiglu_forward", "h");
   const int64_t inter = h.size(-1), rows = inter ? h.numel() / inter : 0;
   need_numel(gu, rows * 2 * inter, "swiglu_forward", "gu");
+  const float* w = nullptr;
+  if (row_w.defined()) {
+    need_cuda(row_w, "swiglu_forward", "row_w");
+    need_dtype(row_w, DType::kF32, "swiglu_forward", "row_w");
+    need_numel(row_w, rows, "swiglu_forward", "row_w");
+    w = row_w.data<float>();
+  }
   if (!rows || !inter) return;
   MT_CUDA_DISPATCH(gu.dtype(), T, "swiglu_forward",
     if (vec16_ok(inter, sizeof(T), {gu.data_ptr(), h.data_ptr()})) {
       launch_pdl(swiglu_fwd_vec_kernel<T>, grid_for(rows * inter / (16 / sizeof(T))), kThreads, 0, stream_of(ctx),
-          static_cast<const T*>(gu.data_ptr()), static_cast<T*>(h.data_ptr()), rows, inter);
+          static_cast<const T*>(gu.data_ptr()), w, static_cast<T*>(h.data_ptr()), rows, inter);
     } else {
       launch_pdl(swiglu_fwd_kernel<T>, grid_for(rows * inter), kThreads, 0, stream_of(ctx),
-          static_cast<const T*>(gu.data_ptr()), static_cast<T*>(h.data_ptr()), rows, inter);
+          static_cast<const T*>(gu.data_ptr()), w, static_cast<T*>(h.data_ptr()), rows, inter);
     });
   check_launch("swiglu_forward");
+}
+
+void swiglu_backward_weighted(Context& ctx, const Tensor& gu, const Tensor& dh, const Tensor& row_w, Tensor& dgu,
+                              Tensor& drow_w) {
+  const char* op = "swiglu_backward_weighted";
+  for (const Tensor* t : {&gu, &dh, &row_w, static_cast<const Tensor*>(&dgu), static_cast<const Tensor*>(&drow_w)})
+    need_cuda(*t, op, "tensor");
+  need_dtype(dh, gu.dtype(), op, "dh");
+  need_dtype(dgu, gu.dtype(), op, "dgu");
+  need_dtype(row_w, DType::kF32, op, "row_w");
+  need_dtype(drow_w, DType::kF32, op, "drow_w");
+  const int64_t inter = dh.size(-1), rows = inter ? dh.numel() / inter : 0;
+  need_numel(gu, rows * 2 * inter, op, "gu");
+  need_numel(dgu, rows * 2 * inter, op, "dgu");
+  need_numel(row_w, rows, op, "row_w");
+  need_numel(drow_w, rows, op, "drow_w");
+  if (!rows) return;
+  constexpr int kRowsPerBlock = kThreads / 32;
+  MT_CUDA_DISPATCH(gu.dtype(), T, op,
+    const bool packs = vec16_ok(inter, sizeof(T), {gu.data_ptr(), dh.data_ptr(), dgu.data_ptr()});
+    launch_pdl(swiglu_bwd_weighted_kernel<T>, static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock),
+        kThreads, 0, stream_of(ctx), static_cast<const T*>(gu.data_ptr()), static_cast<const T*>(dh.data_ptr()),
+        row_w.data<float>(), static_cast<T*>(dgu.data_ptr()), drow_w.data<float>(), rows, inter, packs));
+  check_launch(op);
 }
 
 void swiglu_backward(Context& ctx, const Tensor& gu, const Tensor& dh, Tensor& dgu) {

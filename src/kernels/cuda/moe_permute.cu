@@ -329,6 +329,19 @@ __global__ void unpermute_bwd_vec_kernel(const G* __restrict__ dy, const Y* __re
   }
 }
 
+// Per-pick f32 values between pick order and permuted-row order (row_of is a permutation).
+__global__ void rows_from_picks_kernel(const float* __restrict__ picks, const int32_t* __restrict__ row_of, int64_t P,
+                                       float* __restrict__ rows) {
+  pdl_wait();
+  for (int64_t p = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; p < P; p += (int64_t)gridDim.x * blockDim.x)
+    rows[row_of[p]] = picks[p];
+}
+__global__ void picks_from_rows_kernel(const float* __restrict__ rows, const int32_t* __restrict__ row_of, int64_t P,
+                                       float* __restrict__ picks) {
+  pdl_wait();
+  for (int64_t p = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; p < P; p += (int64_t)gridDim.x * blockDim.x)
+    picks[p] = rows[row_of[p]];
+}
 
 }  // namespace
 
@@ -440,13 +453,18 @@ void moe_unpermute(Context& ctx, const Tensor& yp, const Tensor& row_of, const T
   const char* op = "moe_unpermute";
   need_cuda(yp, op, "yp");
   need_cuda(row_of, op, "row_of");
-  need_cuda(topk_w, op, "topk_w");
   need_cuda(y, op, "y");
   need_dtype(row_of, DType::kI32, op, "row_of");
-  need_dtype(topk_w, DType::kF32, op, "topk_w");
-  const int64_t T = y.size(0), H = y.size(-1), k = topk_w.size(-1);
+  const int64_t T = y.size(0), H = y.size(-1);
+  const int64_t k = topk_w.defined() ? topk_w.size(-1) : (T ? yp.size(0) / T : 0);
+  const float* w = nullptr;  // without weights every row counts once
+  if (topk_w.defined()) {
+    need_cuda(topk_w, op, "topk_w");
+    need_dtype(topk_w, DType::kF32, op, "topk_w");
+    need_numel(topk_w, T * k, op, "topk_w");
+    w = topk_w.data<float>();
+  }
   need_numel(row_of, T * k, op, "row_of");
-  need_numel(topk_w, T * k, op, "topk_w");
   if (residual.defined()) {
     need_cuda(residual, op, "residual");
     need_dtype(residual, y.dtype(), op, "residual");
@@ -460,12 +478,12 @@ void moe_unpermute(Context& ctx, const Tensor& yp, const Tensor& row_of, const T
       const D* res = residual.defined() ? static_cast<const D*>(residual.data_ptr()) : nullptr;
       if (packs) {
         launch_pdl(combine_rows_vec_kernel<S, D>, static_cast<unsigned>(T), 256, 0, stream_of(ctx),
-            static_cast<const S*>(yp.data_ptr()), row_of.data<int32_t>(), topk_w.data<float>(), static_cast<int>(k),
-            H, static_cast<D*>(y.data_ptr()), res);
+            static_cast<const S*>(yp.data_ptr()), row_of.data<int32_t>(), w, static_cast<int>(k), H,
+            static_cast<D*>(y.data_ptr()), res);
       } else {
         launch_pdl(combine_rows_kernel<S, D>, static_cast<unsigned>(T), 256, 0, stream_of(ctx),
-            static_cast<const S*>(yp.data_ptr()), row_of.data<int32_t>(), topk_w.data<float>(), static_cast<int>(k),
-            H, static_cast<D*>(y.data_ptr()), res);
+            static_cast<const S*>(yp.data_ptr()), row_of.data<int32_t>(), w, static_cast<int>(k), H,
+            static_cast<D*>(y.data_ptr()), res);
       }));
   check_launch(op);
 }
@@ -501,6 +519,34 @@ void moe_unpermute_backward(Context& ctx, const Tensor& dy, const Tensor& yp, co
               topk_w.data<float>(), static_cast<int>(k), H, static_cast<DY*>(dyp.data_ptr()), dtopk_w.data<float>());
         })));
   check_launch(op);
+}
+
+namespace {
+// rows_from_picks (to_rows) or picks_from_rows: src and dst hold one f32 per pick.
+void move_pick_values(Context& ctx, const char* op, const Tensor& src, const Tensor& row_of, Tensor& dst,
+                      bool to_rows) {
+  need_cuda(src, op, "source");
+  need_cuda(row_of, op, "row_of");
+  need_cuda(dst, op, "destination");
+  need_dtype(src, DType::kF32, op, "source");
+  need_dtype(row_of, DType::kI32, op, "row_of");
+  need_dtype(dst, DType::kF32, op, "destination");
+  const int64_t P = dst.numel();
+  need_numel(row_of, P, op, "row_of");
+  need_numel(src, P, op, "source");
+  if (!P) return;
+  launch_pdl(to_rows ? rows_from_picks_kernel : picks_from_rows_kernel, grid_for(P), 256, 0, stream_of(ctx),
+             src.data<float>(), row_of.data<int32_t>(), P, dst.data<float>());
+  check_launch(op);
+}
+}  // namespace
+
+void moe_rows_from_picks(Context& ctx, const Tensor& picks, const Tensor& row_of, Tensor& rows) {
+  move_pick_values(ctx, "moe_rows_from_picks", picks, row_of, rows, true);
+}
+
+void moe_picks_from_rows(Context& ctx, const Tensor& rows, const Tensor& row_of, Tensor& picks) {
+  move_pick_values(ctx, "moe_picks_from_rows", rows, row_of, picks, false);
 }
 
 }  // namespace moetrain::cuda

@@ -1,7 +1,8 @@
 // MoE token permutation and grouped expert GEMM on the CPU: route index by hand (stable order,
 // experts with zero tokens, all tokens on one expert), permute/unpermute invariants and
-// backwards (adjoint and finite differences), grouped matmul against a loop of matmuls and a
-// double loop, its backward against finite differences, dw accumulation and the dx-less path.
+// backwards (adjoint and finite differences), per-pick values into row order and back, grouped
+// matmul against a loop of matmuls and a double loop, its backward against finite differences, dw
+// accumulation and the dx-less path.
 #include <cmath>
 
 #include "core/context.h"
@@ -85,6 +86,12 @@ TEST(MoePermute, PermuteUnpermuteInvariantsAndBackwards) {
   std::vector<double> kx(T * H);
   for (int64_t i = 0; i < T * H; ++i) kx[i] = k * static_cast<double>(x[i]);
   expect_close(y, kx, 1e-6, 0, "unpermute(permute(x), 1) = k x");
+  // Without weights: the same sum, bit for bit.
+  Tensor y_now = poisoned({T, H});
+  ops::moe_unpermute(ctx, xp, r.row_of, Tensor(), y_now);
+  for (int64_t i = 0; i < T * H; ++i) ASSERT_EQ(y_now.get(i), y.get(i)) << "unpermute without weights at " << i;
+  Tensor short_yp = poisoned({T * k - 1, H});
+  EXPECT_THROW(ops::moe_unpermute(ctx, short_yp, r.row_of, Tensor(), y_now), Error);
 
   // permute_backward is permute's adjoint: <permute(x), g> = <x, permute_backward(g)>.
   auto g = randn(T * k * H, 141);
@@ -121,6 +128,25 @@ TEST(MoePermute, PermuteUnpermuteInvariantsAndBackwards) {
 
   Tensor bad_rows = ints(std::vector<int32_t>(T * k, 0), {T * k});  // not a permutation
   EXPECT_THROW(ops::moe_unpermute_backward(ctx, tensor(rw, {T, H}), ypt, bad_rows, wt, dyp, dw), Error);
+}
+
+// Per-pick values into row order and back: a permutation and its inverse.
+TEST(MoePermute, RowsFromPicksAndBack) {
+  Context ctx;
+  const int64_t T = 4, k = 2;
+  Route r = route(ctx, {2, 0, 2, 3, 0, 2, 3, 2}, T, k, 4);  // row_of = 2 0 3 6 1 4 7 5
+  Tensor picks = tensor({0.5f, 1.5f, 2.5f, 3.5f, 4.5f, 5.5f, 6.5f, 7.5f}, {T, k}), rows = poisoned({T * k});
+  ops::moe_rows_from_picks(ctx, picks, r.row_of, rows);
+  const std::vector<double> want = {1.5, 4.5, 0.5, 2.5, 5.5, 7.5, 3.5, 6.5};
+  for (int64_t i = 0; i < T * k; ++i) EXPECT_EQ(rows.get(i), want[i]) << "row " << i;
+  Tensor back = poisoned({T, k});
+  ops::moe_picks_from_rows(ctx, rows, r.row_of, back);
+  for (int64_t i = 0; i < T * k; ++i) EXPECT_EQ(back.get(i), picks.get(i)) << "pick " << i;
+  Tensor bad = ints({0, 1, 2, 3, 4, 5, 6, 8}, {T * k});  // row 8 of 8
+  EXPECT_THROW(ops::moe_rows_from_picks(ctx, picks, bad, rows), Error);
+  EXPECT_THROW(ops::moe_picks_from_rows(ctx, rows, bad, back), Error);
+  Tensor short_rows = poisoned({T * k - 1});
+  EXPECT_THROW(ops::moe_rows_from_picks(ctx, picks, r.row_of, short_rows), Error);
 }
 
 TEST(GroupedMatmul, EqualsLoopOfMatmulsAndDoubleLoop) {

@@ -1,6 +1,6 @@
-// RoPE (rotate-half) and SwiGLU on the CPU: forwards against double loops, backwards against
-// central finite differences of those loops, plus RoPE invariants (position 0 is the identity,
-// norms are kept, in-place use).
+// RoPE (rotate-half) and SwiGLU (also with a weight per row) on the CPU: forwards against double
+// loops, backwards against central finite differences of those loops, plus RoPE invariants
+// (position 0 is the identity, norms are kept, in-place use).
 #include <cmath>
 
 #include "core/context.h"
@@ -137,4 +137,35 @@ TEST(SwiGLU, ForwardBackward) {
   }
   Tensor odd = tensor(randn(6, 52), {2, 3}), h = poisoned({2, 1});
   EXPECT_THROW(ops::swiglu_forward(ctx, odd, h), Error);
+}
+
+// h[r] = w[r] * swiglu(gu[r]): forward against the double loop, and both gradients (gu and w) by
+// finite differences of sum(h * rw).
+TEST(SwiGLU, WeightedRowsForwardBackward) {
+  Context ctx;
+  ctx.set_num_threads(2);
+  for (auto [N, I] : {std::pair<int64_t, int64_t>{1, 1}, {5, 13}, {40, 8}}) {
+    auto gu = randn(N * 2 * I, 60, 3.0f);
+    auto w = randn(N, 61);
+    auto rw = randn(N * I, 62);
+    auto ref = [&](const std::vector<double>& g, const std::vector<double>& wv) {
+      std::vector<double> h = swiglu_ref(g, N, I);
+      for (int64_t r = 0; r < N; ++r)
+        for (int64_t i = 0; i < I; ++i) h[r * I + i] *= wv[r];
+      return h;
+    };
+    Tensor gt = tensor(gu, {N, 2 * I}), wt = tensor(w, {N}), h = poisoned({N, I});
+    ops::swiglu_forward(ctx, gt, h, wt);
+    expect_close(h, ref(to_d(gu), to_d(w)), 1e-6, 1e-6, "weighted swiglu forward");
+    Tensor dgu = poisoned({N, 2 * I}), dw = poisoned({N});
+    ops::swiglu_backward_weighted(ctx, gt, tensor(rw, {N, I}), wt, dgu, dw);
+    auto g_gu = fd_grad([&](const std::vector<double>& v) { return dot(ref(v, to_d(w)), to_d(rw)); }, to_d(gu));
+    expect_close(dgu, g_gu, 1e-5, 1e-5, "weighted swiglu backward, gu");
+    auto g_w = fd_grad([&](const std::vector<double>& v) { return dot(ref(to_d(gu), v), to_d(rw)); }, to_d(w));
+    expect_close(dw, g_w, 1e-5, 1e-5, "weighted swiglu backward, w");
+  }
+  Tensor gt = tensor(randn(8, 63), {2, 4}), h = poisoned({2, 2}), dgu = poisoned({2, 4}), dw = poisoned({2});
+  Tensor short_w = tensor(randn(3, 64), {3});
+  EXPECT_THROW(ops::swiglu_forward(ctx, gt, h, short_w), Error);
+  EXPECT_THROW(ops::swiglu_backward_weighted(ctx, gt, h, short_w, dgu, dw), Error);
 }
