@@ -7,10 +7,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -21,6 +23,7 @@
 #include "cli/command.h"
 #include "core/check.h"
 #include "core/context.h"
+#include "core/energy_meter.h"
 #include "core/log.h"
 #include "core/profiler.h"
 #include "plan/plan.h"
@@ -60,6 +63,9 @@ struct StepRun {
   double planned_peak = -1, planned_peak_expected = -1;
   std::string plan_note;
   std::vector<ProfileEntry> profile;  // totals over the profiled steps
+  // The board's energy over the timed steps (NVML counter, first timed step's start to the last one's
+  // end; the steps are synchronized, so the window is theirs): J per step and the mean power. -1: none.
+  double joules_per_step = -1, mean_watts = -1, power_limit_w = -1;
 };
 
 ModelConfig base_model(const BenchOptions& o) {
@@ -127,8 +133,12 @@ StepRun run_depth(const BenchOptions& o, const Device& dev, const Hardware& hw, 
   if (!r.plan_note.empty()) std::fprintf(stderr, "[bench] L=%lld %s\n", static_cast<long long>(L), r.plan_note.c_str());
 
   std::vector<json> timed;
+  const EnergyMeter meter(dev.is_cuda() ? cuda_pci_bus_id(dev.index) : std::string());
+  std::optional<double> e0;
+  std::chrono::steady_clock::time_point t0;
   TrainHooks hooks;
   hooks.before_step = [&](int64_t step) {
+    if (step == o.warmup + 1) e0 = meter.joules(), t0 = std::chrono::steady_clock::now();
     if (profiled > 0 && step == o.warmup + o.steps + 1) Profiler::enable(true);
   };
   hooks.after_step = [&](int64_t step, const json& rec) {
@@ -143,6 +153,15 @@ StepRun run_depth(const BenchOptions& o, const Device& dev, const Hardware& hw, 
       i = step - o.warmup;
       r.step_ms.push_back(ms);
       timed.push_back(rec);
+      if (step == o.warmup + o.steps && e0) {
+        const std::optional<double> e1 = meter.joules();
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (e1 && *e1 >= *e0 && s > 0) {
+          r.joules_per_step = (*e1 - *e0) / static_cast<double>(o.steps);
+          r.mean_watts = (*e1 - *e0) / s;
+          r.power_limit_w = meter.power_limit_w().value_or(-1.0);
+        }
+      }
     } else {
       phase = "profiled", i = step - o.warmup - o.steps, n = profiled;
       r.profile_step_ms.push_back(ms);
@@ -257,6 +276,9 @@ json run_json(const StepRun& r, double peak_flops) {
   j["planned_peak_bytes"] = r.planned_peak >= 0 ? json(r.planned_peak) : json();
   j["planned_peak_expected_bytes"] = r.planned_peak_expected >= 0 ? json(r.planned_peak_expected) : json();
   if (!r.plan_note.empty()) j["plan_note"] = r.plan_note;
+  j["joules_per_step"] = r.joules_per_step >= 0 ? json(r.joules_per_step) : json();
+  j["mean_watts"] = r.mean_watts >= 0 ? json(r.mean_watts) : json();
+  j["power_limit_w"] = r.power_limit_w >= 0 ? json(r.power_limit_w) : json();
   return j;
 }
 
@@ -345,16 +367,18 @@ int run_bench(int argc, char** argv) {
     }
     fs::remove_all(base);
     out["runs"] = json::array();
-    std::printf("\n%-7s %10s %12s %10s %8s %12s %12s %9s\n", "layers", "step ms", "tokens/s", "TFLOP/s", "MFU",
-                "peak", "plan", "meas/plan");
+    std::printf("\n%-7s %10s %12s %10s %8s %12s %12s %9s %8s %8s\n", "layers", "step ms", "tokens/s", "TFLOP/s", "MFU",
+                "peak", "plan", "meas/plan", "J/step", "mean W");
     for (const StepRun& r : runs) {
       json j = run_json(r, peak_flops);
-      std::printf("%-7lld %10.2f %12.0f %10.1f %8s %12s %12s %9s\n", static_cast<long long>(r.layers), r.median_ms,
+      std::printf("%-7lld %10.2f %12.0f %10.1f %8s %12s %12s %9s %8s %8s\n", static_cast<long long>(r.layers), r.median_ms,
                   j["tokens_per_s"].get<double>(), j["model_tflops"].get<double>(),
                   j["mfu"].is_null() ? "-" : pct(j["mfu"].get<double>()).c_str(),
                   format_bytes(static_cast<size_t>(r.peak_bytes)).c_str(),
                   r.planned_peak >= 0 ? format_bytes(static_cast<size_t>(r.planned_peak)).c_str() : "-",
-                  r.planned_peak > 0 ? pct(r.peak_bytes / r.planned_peak).c_str() : "-");
+                  r.planned_peak > 0 ? pct(r.peak_bytes / r.planned_peak).c_str() : "-",
+                  r.joules_per_step >= 0 ? fmt::format("{:.2f}", r.joules_per_step).c_str() : "-",
+                  r.mean_watts >= 0 ? fmt::format("{:.0f}", r.mean_watts).c_str() : "-");
       if (o.profile) {
         profiles.push_back(profile_json(r));
         j["profile"] = profiles.back();
@@ -375,6 +399,12 @@ int run_bench(int argc, char** argv) {
                 {"flops_per_token", fpt}, {"model_tflops", tflops}};
       p["mfu"] = peak_flops > 0 ? json(tflops * 1e12 / peak_flops) : json();
       p["pct_of_gemm_ceiling"] = ceiling > 0 ? json(100.0 * tflops / ceiling) : json();
+      // Energy, the same way as time: per layer = (E_b - E_a) / (L_b - L_a) J per step.
+      const bool energy = a.joules_per_step >= 0 && b.joules_per_step >= 0;
+      const double per_j = energy ? (b.joules_per_step - a.joules_per_step) / static_cast<double>(b.layers - a.layers) : 0;
+      p["per_layer_joules"] = energy ? json(per_j) : json();
+      p["step_joules"] = energy ? json(a.joules_per_step - per_j * static_cast<double>(a.layers) +
+                                       per_j * static_cast<double>(N)) : json();
       out["projection"] = p;
       std::printf("\nprojection to %lld layers: per layer %.3f ms = (t%lld - t%lld) / %lld, fixed %.3f ms, step %.2f ms\n"
                   "  %.0f tokens/s/GPU | %.2f GFLOP/token | %.1f model TFLOP/s | MFU %s | %.1f%% of the %.1f TFLOP/s GEMM "
@@ -382,6 +412,11 @@ int run_bench(int argc, char** argv) {
                   static_cast<long long>(a.layers), static_cast<long long>(b.layers - a.layers), fixed, proj, tps,
                   fpt / 1e9, tflops, p["mfu"].is_null() ? "-" : pct(p["mfu"].get<double>()).c_str(),
                   ceiling > 0 ? 100.0 * tflops / ceiling : 0.0, ceiling);
+      if (energy)
+        std::printf("  energy (NVML): %.3f J per layer per step, %.1f J per projected step, %.0f tokens/J; mean power "
+                    "%.0f / %.0f W at %lld / %lld layers, limit %.0f W\n", per_j, p["step_joules"].get<double>(),
+                    p["step_joules"].get<double>() > 0 ? b.tokens / p["step_joules"].get<double>() : 0.0, a.mean_watts,
+                    b.mean_watts, static_cast<long long>(a.layers), static_cast<long long>(b.layers), b.power_limit_w);
     } else {
       const json& j = out["runs"][0];
       std::printf("\nmeasured at %lld layers (no projection): %.0f tokens/s/GPU, %.1f model TFLOP/s, %.1f%% of the GEMM "

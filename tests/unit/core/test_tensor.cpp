@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/context.h"
+#include "core/energy_meter.h"
 #include "core/philox.h"
 #include "core/tensor.h"
 
@@ -122,4 +123,18 @@ TEST(Check, ErrorsCarryMessage) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("[test] value 3 wrong"), std::string::npos);
   }
+}
+
+// The bench's energy columns must degrade to "unavailable" (never a crash or a made-up number) where
+// there is no GPU, no NVML or no such device; CI has neither, the GPU machine has both.
+TEST(EnergyMeter, UnavailableWithoutADeviceSaysWhy) {
+  const EnergyMeter none("");
+  EXPECT_FALSE(none.available());
+  EXPECT_EQ(none.why_unavailable(), "no GPU");
+  EXPECT_FALSE(none.joules().has_value());
+  EXPECT_FALSE(none.power_limit_w().has_value());
+  const EnergyMeter bogus("0000ffff:ff:1f.0");  // no machine has this PCI address
+  EXPECT_FALSE(bogus.available());
+  EXPECT_FALSE(bogus.why_unavailable().empty());
+  EXPECT_FALSE(bogus.joules().has_value());
 }
