@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -65,7 +66,7 @@ struct StepRun {
   std::vector<ProfileEntry> profile;  // totals over the profiled steps
   // The board's energy over the timed steps (NVML counter, first timed step's start to the last one's
   // end; the steps are synchronized, so the window is theirs): J per step and the mean power. -1: none.
-  double joules_per_step = -1, mean_watts = -1, power_limit_w = -1;
+  double joules_per_step = -1, mean_watts = -1, power_limit_w = -1, energy_window_s = 0;
 };
 
 ModelConfig base_model(const BenchOptions& o) {
@@ -160,6 +161,7 @@ StepRun run_depth(const BenchOptions& o, const Device& dev, const Hardware& hw, 
           r.joules_per_step = (*e1 - *e0) / static_cast<double>(o.steps);
           r.mean_watts = (*e1 - *e0) / s;
           r.power_limit_w = meter.power_limit_w().value_or(-1.0);
+          r.energy_window_s = s;
         }
       }
     } else {
@@ -279,6 +281,7 @@ json run_json(const StepRun& r, double peak_flops) {
   j["joules_per_step"] = r.joules_per_step >= 0 ? json(r.joules_per_step) : json();
   j["mean_watts"] = r.mean_watts >= 0 ? json(r.mean_watts) : json();
   j["power_limit_w"] = r.power_limit_w >= 0 ? json(r.power_limit_w) : json();
+  j["energy_window_s"] = r.energy_window_s;
   return j;
 }
 
@@ -385,6 +388,15 @@ int run_bench(int argc, char** argv) {
       }
       out["runs"].push_back(j);
     }
+    // NVML's counter moves in steps (100 ms on the H100s here): each end of the window can be off by
+    // one step, so a short window gives joules that are only a rough guide.
+    double shortest = 0;
+    for (const StepRun& r : runs)
+      if (r.joules_per_step >= 0) shortest = shortest > 0 ? std::min(shortest, r.energy_window_s) : r.energy_window_s;
+    if (shortest > 0 && shortest < 2.0)
+      std::printf("note: the energy window is %.2f s at the shortest; NVML's counter moves in steps of up to 0.1 s, so "
+                  "J/step may be off by up to %.0f%% (--steps %lld or more for about 5%%)\n", shortest, 20.0 / shortest,
+                  static_cast<long long>(o.steps * std::ceil(4.0 / shortest)));
     out["projection"] = json();
     if (runs.size() >= 2) {
       const StepRun &a = runs.front(), &b = runs.back();
