@@ -35,12 +35,13 @@ struct KernelBenchOptions {
   int reps = 10, warmup = 3;
   double ceiling_tflops = 0;  // for "% of the GEMM ceiling" (0: not reported)
   std::vector<int64_t> ce_chunks;  // loss-head rows per chunk to time (empty: the model's default)
+  double energy_s = 0;             // > 0: also each case's board energy over about this many seconds
 };
 
 // Grouped GEMM gate_up/down (fwd, dx, dW; random top-k routing), attention fwd/bwd (one document
 // of T and documents of `doc`), and the loss head (chunked, the model's, vs full logits GEMM +
 // cross-entropy) at the shapes of `mc`. Prints one row per case to stdout as it goes and returns
-// them as a JSON array of {name, ms, flops, tflops, pct_of_gemm_ceiling[, peak_extra_bytes]}.
+// them as a JSON array of {name, ms, flops, tflops, pct_of_gemm_ceiling[, peak_extra_bytes][, joules, watts]}.
 nlohmann::json run_kernel_benchmarks(Context& ctx, const ModelConfig& mc, const KernelBenchOptions& o);
 
 }  // namespace moetrain::cli

@@ -2,14 +2,18 @@
 // random inputs (never zeros), warm-up, median of profiler-region timings. FLOP counts: GEMMs
 // 2*M*N*K; attention 4*d*heads*(visible query-key pairs) forward and 2.5x that backward; the loss
 // head 6*T*V*H for logits, dlogits->dx and dW. Peak bytes are the allocator's high-water mark above
-// what was held before the call (the logits the path materializes).
+// what was held before the call (the logits the path materializes). With energy_s > 0, each case then
+// runs back to back for about that long between two reads of the board's energy counter (NVML).
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <random>
 
 #include "cli/bench_common.h"
 #include "core/check.h"
+#include "core/energy_meter.h"
 #include "core/profiler.h"
 #include "core/tensor.h"
 #include "kernels/ops.h"
@@ -55,13 +59,39 @@ Tensor randn(Context& ctx, const Shape& shape, DType dt, float std, uint64_t pur
   return t;
 }
 
+// One case's numbers: median ms, and (when measured) board joules per call and the mean power.
+struct Measure {
+  double ms = 0, joules = -1, watts = -1;
+};
+
 struct Rows {
   Context& ctx;
-  double ceiling_tflops;
+  const KernelBenchOptions& o;
+  const EnergyMeter* meter = nullptr;  // null or unavailable: no energy columns
   nlohmann::json out = nlohmann::json::array();
 
+  Measure time(const std::function<void()>& fn) {
+    Measure m;
+    m.ms = median_ms(ctx, o.warmup, o.reps, fn);
+    if (!meter || !meter->available() || o.energy_s <= 0 || m.ms <= 0) return m;
+    // NVML's counter moves in steps of up to 0.1 s: a window of energy_s seconds is good to about
+    // 0.2 / energy_s of its joules.
+    const int64_t n = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(o.energy_s / (m.ms * 1e-3))));
+    ctx.synchronize();
+    const std::optional<double> e0 = meter->joules();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < n; ++i) fn();
+    ctx.synchronize();
+    const std::optional<double> e1 = meter->joules();
+    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (e0 && e1 && *e1 >= *e0 && sec > 0) m.joules = (*e1 - *e0) / static_cast<double>(n), m.watts = (*e1 - *e0) / sec;
+    return m;
+  }
+
   // key: a stable id shared with bench/torch_kernels.py --json (e.g. gmm.gate_up.fwd, attn.full.bwd).
-  void add(const std::string& key, const std::string& name, double ms, double flops, double peak_extra_bytes = -1) {
+  void add(const std::string& key, const std::string& name, const Measure& m, double flops,
+           double peak_extra_bytes = -1) {
+    const double ms = m.ms, ceiling_tflops = o.ceiling_tflops;
     const double tflops = ms > 0 ? flops / (ms * 1e-3) / 1e12 : 0.0;
     nlohmann::json r = {{"key", key}, {"name", name}, {"ms", ms}, {"flops", flops}, {"tflops", tflops}};
     r["pct_of_gemm_ceiling"] = ceiling_tflops > 0 ? nlohmann::json(100.0 * tflops / ceiling_tflops) : nlohmann::json();
@@ -69,6 +99,11 @@ struct Rows {
     if (peak_extra_bytes >= 0) {
       r["peak_extra_bytes"] = peak_extra_bytes;
       extra = fmt::format("  peak +{:.1f} MiB", peak_extra_bytes / 1048576.0);
+    }
+    if (m.joules >= 0) {
+      r["joules"] = m.joules;
+      extra += fmt::format("  {:.3f} J", m.joules);
+      if (m.watts >= 0) r["watts"] = m.watts, extra += fmt::format(" {:.0f} W", m.watts);
     }
     std::printf("kernel %-56s %10.3f ms %8.1f TFLOP/s %7s%s\n", name.c_str(), ms, tflops,
                 ceiling_tflops > 0 ? fmt::format("{:.1f}%", 100.0 * tflops / ceiling_tflops).c_str() : "-", extra.c_str());
@@ -107,13 +142,30 @@ void bench_grouped_gemm(Context& ctx, const ModelConfig& mc, const KernelBenchOp
     const double f = 2.0 * static_cast<double>(N) * static_cast<double>(c.K) * static_cast<double>(c.M);
     const std::string tag = fmt::format("gmm {} {}->{} T{} E{} k{}", c.name, c.K, c.M, T, E, k);
     const std::string key = std::string("gmm.") + c.name + ".";
-    rows.add(key + "fwd", tag + " fwd", median_ms(ctx, o.warmup, o.reps, [&] { ops::grouped_matmul(ctx, x, w, off, y); }), f);
+    rows.add(key + "fwd", tag + " fwd", rows.time([&] { ops::grouped_matmul(ctx, x, w, off, y); }), f);
     // dx alone = (dx + dW) - dW: the backward op runs dW with dx skipped when dx is undefined.
-    const double both = median_ms(ctx, o.warmup, o.reps, [&] { ops::grouped_matmul_backward(ctx, x, w, off, dy, dx, dw); });
-    const double dwo = median_ms(ctx, o.warmup, o.reps, [&] { ops::grouped_matmul_backward(ctx, x, w, off, dy, none, dw); });
-    rows.add(key + "dx", tag + " dx", std::max(both - dwo, 0.0), f);
+    const Measure both = rows.time([&] { ops::grouped_matmul_backward(ctx, x, w, off, dy, dx, dw); });
+    const Measure dwo = rows.time([&] { ops::grouped_matmul_backward(ctx, x, w, off, dy, none, dw); });
+    Measure dxo{std::max(both.ms - dwo.ms, 0.0)};
+    if (both.joules >= 0 && dwo.joules >= 0) dxo.joules = std::max(both.joules - dwo.joules, 0.0);
+    rows.add(key + "dx", tag + " dx", dxo, f);
     rows.add(key + "dw", tag + " dW (f32 +=)", dwo, f);
     rows.add(key + "bwd", tag + " bwd (dx+dW)", both, 2 * f);
+    // The step's expert backward with the update in its dW epilogue (all-bf16 state, stochastic
+    // rounding; the weights are their own master): dx, dW and AdamW in one op.
+    if (dt == DType::kBF16) {
+      Tensor wm = randn(ctx, {E, c.M, c.K}, dt, 0.02f, 4), m = randn(ctx, {E, c.M, c.K}, dt, 1e-3f, 5);
+      Tensor v = Tensor::empty({E, c.M, c.K}, dt, ctx.device());
+      ops::fill_normal(ctx, v, 1e-3f, 0.0f, ctx.rng(0xbe7c400 + 6));  // a positive constant second moment
+      ops::AdamWTarget t{wm, m, v, Tensor(), {}};
+      t.params.lr = 1e-5f, t.params.weight_decay = 0.01f, t.params.stochastic_rounding = true;
+      t.params.rng = ctx.rng(0xbe7c400 + 7);
+      Tensor no_grad;
+      rows.add(key + "bwd_adamw", tag + " bwd + AdamW (bf16 state)", rows.time([&] {
+                 ++t.params.step;
+                 ops::grouped_matmul_backward_adamw(ctx, x, wm, off, dy, dx, DType::kBF16, no_grad, false, t);
+               }), 3 * f);
+    }
   }
 }
 
@@ -140,10 +192,10 @@ void bench_attention(Context& ctx, const ModelConfig& mc, const KernelBenchOptio
   const double f = 4.0 * pairs * static_cast<double>(d) * static_cast<double>(nh);
   const std::string tag = fmt::format("attn T{} doc{} GQA {}/{} d{}", T, maxlen, nh, nkv, d);
   const std::string key = std::string("attn.") + kind + ".";
-  rows.add(key + "fwd", tag + " fwd", median_ms(ctx, o.warmup, o.reps, [&] {
+  rows.add(key + "fwd", tag + " fwd", rows.time([&] {
              ops::attention_forward(ctx, q, kk, v, cus, static_cast<int>(maxlen), scale, out, lse);
            }), f);
-  rows.add(key + "bwd", tag + " bwd", median_ms(ctx, o.warmup, o.reps, [&] {
+  rows.add(key + "bwd", tag + " bwd", rows.time([&] {
              ops::attention_backward(ctx, q, kk, v, out, lse, g, cus, static_cast<int>(maxlen), scale, dq, dk, dv);
            }), 2.5 * f);
 }
@@ -196,7 +248,7 @@ void bench_loss_head(Context& ctx, const ModelConfig& mc, const KernelBenchOptio
         const std::string rtag = chunks.size() > 1 ? fmt::format(".r{}", chunk) : "";  // keys stay unique
         rows.add("loss_head.chunked" + gkey + rtag + (first ? ".write" : ""),
                  fmt::format("{} chunked ({} rows/chunk) fwd+bwd, {} {}", tag, chunk, gtag, first ? "written" : "+="),
-                 median_ms(ctx, o.warmup, o.reps, chunked), f, pc);
+                 rows.time(chunked), f, pc);
       }
     }
     // Unfused: the whole [T,V] logits, CE forward, dlogits [T,V], then the two GEMMs.
@@ -215,7 +267,7 @@ void bench_loss_head(Context& ctx, const ModelConfig& mc, const KernelBenchOptio
       const double pu = peak_extra_bytes(ctx, unfused);
       rows.add(std::string("loss_head.unfused") + gkey + (first ? ".write" : ""),
                fmt::format("{} unfused GEMM+CE fwd+bwd, {} {}", tag, gtag, first ? "written" : "+="),
-               median_ms(ctx, o.warmup, o.reps, unfused), f, pu);
+               rows.time(unfused), f, pu);
     }
   }
 }
@@ -236,7 +288,10 @@ GemmCeiling measure_gemm_ceiling(Context& ctx, int64_t n, int reps) {
 
 nlohmann::json run_kernel_benchmarks(Context& ctx, const ModelConfig& mc, const KernelBenchOptions& o) {
   MT_CHECK(o.tokens >= 1, "[bench] --kernel-tokens = {} must be >= 1", o.tokens);
-  Rows rows{ctx, o.ceiling_tflops};
+  const EnergyMeter meter(o.energy_s > 0 && ctx.device().is_cuda() ? cuda_pci_bus_id(ctx.device().index) : "");
+  if (o.energy_s > 0 && !meter.available())
+    std::printf("kernel energy: unavailable (%s)\n", meter.why_unavailable().c_str());
+  Rows rows{ctx, o, &meter};
   if (mc.is_moe()) bench_grouped_gemm(ctx, mc, o, rows);
   else std::printf("kernel (dense model: no grouped GEMM cases)\n");
   bench_attention(ctx, mc, o, o.tokens, "full", rows);

@@ -50,6 +50,7 @@ struct BenchOptions {
   int64_t kernel_tokens = 0, kernel_doc = 1024, gemm_size = 0;
   std::vector<int64_t> ce_chunks;
   int reps = 0;
+  double energy_s = 0;
 };
 
 // What one depth measured.
@@ -311,6 +312,9 @@ int run_bench(int argc, char** argv) {
   app.add_option("--ce-chunks", o.ce_chunks, "loss-head rows per chunk to time, comma separated (default: the model's)")
       ->delimiter(',')->check(CLI::PositiveNumber);
   app.add_option("--reps", o.reps, "timed repetitions per kernel case (default 10 on the GPU, 3 on the CPU)");
+  app.add_option("--energy-s", o.energy_s, "with --kernels: also run each case about this many seconds (2 or more) "
+                 "between two reads of the board's energy counter (NVML): J per call and mean W")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--gemm-size", o.gemm_size, "n of the n^3 GEMM ceiling (default 8192 on the GPU, 256 on the CPU)");
   app.add_option("--json", o.json_path, "write every result to this JSON file");
   app.add_option("--peak-tflops", o.peak_tflops, "peak dense TFLOP/s for MFU (default: 989 on H100/H200, else none)");
@@ -451,6 +455,7 @@ int run_bench(int argc, char** argv) {
     ko.reps = o.reps > 0 ? o.reps : (dev.is_cuda() ? 10 : 3);
     ko.warmup = dev.is_cuda() ? 3 : 1;
     ko.ceiling_tflops = ceiling;
+    ko.energy_s = o.energy_s;
     std::printf("\nkernel microbenchmarks (%s shapes, T %lld, median of %d)\n",
                 o.config.empty() ? o.model.c_str() : o.config.c_str(), static_cast<long long>(ko.tokens), ko.reps);
     out["kernels"] = run_kernel_benchmarks(ctx, mc, ko);
