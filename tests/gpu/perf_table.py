@@ -73,6 +73,9 @@ def proxy_rows(d):
             "ours_peak_gib": [r_["peak_bytes"] / GIB for r_ in runs if "peak_bytes" in r_] or None,
             "ours_plan_gib": [r_["planned_peak_bytes"] / GIB for r_ in runs if r_.get("planned_peak_bytes")] or None,
             "torch_peak_gib_L4": t.get("L4_peak_gib"),
+            # board energy (moetrain bench's NVML columns; null without NVML or in old results)
+            "ours_per_layer_j": p.get("per_layer_joules"),
+            "ours_mean_w": [r_["mean_watts"] for r_ in runs if r_.get("mean_watts") is not None] or None,
         }
         rows.append(r)
     return rows
@@ -142,7 +145,7 @@ def main():
     L.append("Qwen3-30B-A3B proxies (2/4 layers -> 48): ratio = torch ms / ours ms per layer (> 1: moetrain faster); "
              "TFLOP/s of both with moetrain's FLOPs/token")
     hdr = ("config", "ours ms/L", "torch ms/L", "ratio", "ours tok/s", "torch tok/s", "ours TF/s", "torch TF/s",
-           "MFU", "%GEMM", "ours peak GiB", "plan GiB", "torch GiB L4")
+           "MFU", "%GEMM", "ours peak GiB", "plan GiB", "torch GiB L4", "ours J/L", "ours W")
     L.append("| " + " | ".join(hdr) + " |")
     L.append("|" + "---|" * len(hdr))
     for r in out["proxies"]:
@@ -153,7 +156,8 @@ def main():
             fmt(r["ours_tokens_per_s"], "{:,.0f}"), fmt(r["torch_tokens_per_s"], "{:,.0f}"),
             fmt(r["ours_tflops"], "{:.0f}"), fmt(r["torch_tflops"], "{:.0f}"),
             fmt(None if r["ours_mfu"] is None else 100 * r["ours_mfu"], "{:.1f}%"), fmt(r["ours_pct_gemm"], "{:.1f}%"),
-            peaks, plans, fmt(r["torch_peak_gib_L4"], "{:.1f}")]) + " |")
+            peaks, plans, fmt(r["torch_peak_gib_L4"], "{:.1f}"), fmt(r.get("ours_per_layer_j"), "{:.2f}"),
+            "/".join(f"{x:.0f}" for x in r["ours_mean_w"]) if r.get("ours_mean_w") else "-"]) + " |")
     # the default-precision row, else the --set one (the anchor's all-bf16 precision, as issue 7 measures)
     def complete(r):
         return r["ours_per_layer_ms"] is not None and r["torch_per_layer_ms"] is not None
