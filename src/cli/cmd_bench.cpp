@@ -327,6 +327,8 @@ int run_bench(int argc, char** argv) {
   MT_CHECK(o.seq >= 1 && o.mbs >= 1 && o.steps >= 1 && o.warmup >= 0 && o.profile_steps >= 1,
            "[bench] --seq {}, --mbs {}, --steps {}, --warmup {}, --profile-steps {}: expected seq, mbs, steps, "
            "profile-steps >= 1 and warmup >= 0", o.seq, o.mbs, o.steps, o.warmup, o.profile_steps);
+  MT_CHECK(o.energy_s == 0 || o.kernels, "[bench] --energy-s {} applies to the kernel cases: add --kernels (the step "
+           "rows always report their energy when NVML is there)", o.energy_s);
   std::sort(o.layers.begin(), o.layers.end());
   o.layers.erase(std::unique(o.layers.begin(), o.layers.end()), o.layers.end());
   for (int64_t L : o.layers) MT_CHECK(L >= 1, "[bench] --layers: depth {} must be >= 1", L);

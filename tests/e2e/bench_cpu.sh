@@ -2,7 +2,8 @@
 # `moetrain bench` on the CPU with tiny-moe (1 and 2 layers, seq 64, --profile --kernels --json):
 # the JSON has every field with sane values, the projection and per-op attribution follow their
 # formulas, the FLOPs/token match SPEC section 10 computed here, the planner's peak is within 10% of
-# the allocator's, the chunked loss head holds less than the unfused one; bad options fail clearly.
+# the allocator's, the chunked loss head holds less than the unfused one; without a GPU the energy
+# fields are empty and --energy-s says why; bad options fail clearly.
 # $1 = moetrain binary.
 set -euo pipefail
 MT=$(realpath "${1:?usage: bench_cpu.sh MOETRAIN_BINARY}")
@@ -103,6 +104,12 @@ logits = 64 * 256 * 4  # [T, V] f32 on the CPU
 ch, un = k["loss_head.chunked"]["peak_extra_bytes"], k["loss_head.unfused"]["peak_extra_bytes"]
 check(0 < ch <= logits * 1.01, f"chunked loss head holds {ch} bytes (one chunk {logits})")
 check(un >= 2 * logits, f"unfused loss head holds {un} bytes (logits + dlogits {2 * logits})")
+# No GPU, so no energy counter: the energy fields are there and empty, never a made-up number.
+for r in runs:
+    check(r["joules_per_step"] is None and r["mean_watts"] is None and r["power_limit_w"] is None,
+          f"L{r['layers']} energy without a GPU")
+check(pr["per_layer_joules"] is None and pr["step_joules"] is None, "projection energy without a GPU")
+check(all("joules" not in r for r in j["kernels"]), "kernel energy without --energy-s")
 if fails:
     print("bench_cpu.sh FAILED:\n  " + "\n  ".join(fails))
     sys.exit(1)
@@ -121,4 +128,11 @@ if "$MT" bench --model tiny-moe --device cpu --set optimizer.nope=1 --layers 1 >
   echo "unknown --set key accepted"; exit 1
 fi
 grep -q "nope" "$W/bad.txt" || { cat "$W/bad.txt"; exit 1; }
+if "$MT" bench --model tiny-moe --device cpu --layers 1 --energy-s 2 > "$W/bad.txt" 2>&1; then
+  echo "--energy-s without --kernels accepted"; exit 1
+fi
+grep -q "energy-s 2 applies to the kernel cases" "$W/bad.txt" || { cat "$W/bad.txt"; exit 1; }
+"$MT" bench --model tiny-moe --device cpu --seq 32 --kernels --no-steps --reps 1 --energy-s 0.1 > "$W/k.txt" 2>&1 \
+  || { cat "$W/k.txt"; exit 1; }
+grep -q "kernel energy: unavailable (no GPU)" "$W/k.txt" || { echo "no 'unavailable' line"; cat "$W/k.txt"; exit 1; }
 echo "bench_cpu: ok"
