@@ -45,12 +45,13 @@ else:
     const float g = grad[j] * c.grad_scale;
     m[j] = c.b1 * m[j] + c.one_minus_b1 * g;
     v[j] = c.b2 * v[j] + c.one_minus_b2 * g * g;
-    const float denom = __fsqrt_approx_ftz(v[j]) * c.inv_sqrt_bc2 + c.eps;
+    float s;
+    asm("sqrt.approx.ftz.f32 %0, %1;" : "=f"(s) : "f"(v[j]));
+    const float denom = s * c.inv_sqrt_bc2 + c.eps;
     w[j] = w[j] - c.lr * (__fdividef(m[j] * c.inv_bc1, denom) + c.wd * w[j]);
   }
   return;
 """
-    body = body.replace("__fsqrt_approx_ftz(v[j])", "[&] { float r; asm(\"sqrt.approx.ftz.f32 %0, %1;\" : \"=f\"(r) : \"f\"(v[j])); return r; }()")
 s = s.replace(head, head + body, 1)
 open(dst, "w").write(s)
 EOF

@@ -3,7 +3,8 @@
 # moetrain (all-bf16, update in backward, as the issue-7 status rows) beside the PyTorch baseline
 # (torch_anchor.py's model, grouped_mm + torch.compile), and the copy / GEMM ceilings in joules, all in
 # one call, both read from NVML's energy counter. Bundle: tests/gpu/stage_perf.sh (GPU_BIN, default
-# gpu-bin-perf). Env: STEPS (30 timed steps per depth), ROUNDS (1: ours then torch; 2 adds ours again),
+# gpu-bin-perf). Env: STEPS (timed steps per depth for both sides: moetrain's default 30, energy_torch.py's
+# 20; use 200 for joules good to a few percent), ROUNDS (1: ours then torch; 2 adds ours again),
 # SKIP_TORCH=1. Logs and JSON in $OUT/energy/; the summary table is printed last.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
