@@ -39,7 +39,8 @@ struct KernelBenchOptions {
 };
 
 // Grouped GEMM gate_up/down (fwd, dx, dW; random top-k routing), attention fwd/bwd (one document
-// of T and documents of `doc`), and the loss head (chunked, the model's, vs full logits GEMM +
+// of T and documents of `doc`), the attention projections (q, k, v as three GEMMs and as one over
+// the concatenated weight; o), and the loss head (chunked, the model's, vs full logits GEMM +
 // cross-entropy) at the shapes of `mc`. Prints one row per case to stdout as it goes and returns
 // them as a JSON array of {name, ms, flops, tflops, pct_of_gemm_ceiling[, peak_extra_bytes][, joules, watts]}.
 nlohmann::json run_kernel_benchmarks(Context& ctx, const ModelConfig& mc, const KernelBenchOptions& o);

@@ -211,6 +211,60 @@ double peak_extra_bytes(Context& ctx, const std::function<void()>& fn) {
   return static_cast<double>(a.stats().total_peak - before);
 }
 
+// The attention projections (cuBLAS matmuls) at the layer's shapes: q, k and v as the layer runs them
+// (three GEMMs per pass; dx adds into one buffer), beside one GEMM over the concatenated [q; k; v]
+// weight, which is what fusing them would run; then o. Weight gradients written in the compute dtype
+// (bf16 on a GPU, as all-bf16 keeps them).
+void bench_projections(Context& ctx, const ModelConfig& mc, const KernelBenchOptions& o, Rows& rows) {
+  const int64_t T = o.tokens, H = mc.hidden_size, Q = mc.num_attention_heads * mc.head_dim;
+  const int64_t KV = mc.num_key_value_heads * mc.head_dim, F = Q + 2 * KV;
+  const DType dt = compute_dtype(ctx);
+  const Tensor a = randn(ctx, {T, H}, dt, 1.0f, 41), wf = randn(ctx, {F, H}, dt, 0.02f, 42);
+  const Tensor dyf = randn(ctx, {T, F}, dt, 1.0f, 43);
+  Tensor yf = Tensor::empty({T, F}, dt, ctx.device()), gf = Tensor::empty({F, H}, dt, ctx.device());
+  Tensor da = Tensor::empty({T, H}, dt, ctx.device());
+  // q, k, v: weight and gradient rows of the concatenated buffers; outputs, and dq, dk, dv as the
+  // attention backward leaves them, separate contiguous tensors.
+  const int64_t lo[3] = {0, Q, Q + KV}, hi[3] = {Q, Q + KV, F};
+  std::vector<Tensor> w3, g3, y3, d3;
+  for (int i = 0; i < 3; ++i) {
+    w3.push_back(wf.slice(0, lo[i], hi[i]));
+    g3.push_back(gf.slice(0, lo[i], hi[i]));
+    y3.push_back(Tensor::empty({T, hi[i] - lo[i]}, dt, ctx.device()));
+    d3.push_back(randn(ctx, {T, hi[i] - lo[i]}, dt, 1.0f, 44 + static_cast<uint64_t>(i)));
+  }
+  struct Pass {
+    const char* key;
+    std::function<void()> three, one;
+  };
+  const Pass passes[] = {
+      {"fwd", [&] { for (int i = 0; i < 3; ++i) ops::matmul(ctx, a, Trans::kNo, w3[i], Trans::kYes, y3[i]); },
+       [&] { ops::matmul(ctx, a, Trans::kNo, wf, Trans::kYes, yf); }},
+      {"dx",  // the layer adds k's and v's into q's
+       [&] { for (int i = 0; i < 3; ++i) ops::matmul(ctx, d3[i], Trans::kNo, w3[i], Trans::kNo, da, 1.0f, i ? 1.0f : 0.0f); },
+       [&] { ops::matmul(ctx, dyf, Trans::kNo, wf, Trans::kNo, da); }},
+      {"dw", [&] { for (int i = 0; i < 3; ++i) ops::matmul(ctx, d3[i], Trans::kYes, a, Trans::kNo, g3[i]); },
+       [&] { ops::matmul(ctx, dyf, Trans::kYes, a, Trans::kNo, gf); }},
+  };
+  const double fq = 2.0 * T * H * F;
+  const std::string tag = fmt::format("T{} H{} q{} kv{}", T, H, Q, KV);
+  for (const Pass& p : passes) {
+    rows.add(fmt::format("proj.qkv.{}", p.key), fmt::format("proj q,k,v {} (3 GEMMs) {}", p.key, tag), rows.time(p.three), fq);
+    rows.add(fmt::format("proj.qkv.{}.one", p.key), fmt::format("proj [q;k;v] {} (1 GEMM) {}", p.key, tag),
+             rows.time(p.one), fq);
+  }
+  const Tensor wo = randn(ctx, {H, Q}, dt, 0.02f, 47), attn = randn(ctx, {T, Q}, dt, 1.0f, 48);
+  const Tensor dh = randn(ctx, {T, H}, dt, 1.0f, 49);
+  Tensor h = Tensor::empty({T, H}, dt, ctx.device()), dattn = Tensor::empty({T, Q}, dt, ctx.device());
+  Tensor go = Tensor::empty({H, Q}, dt, ctx.device());
+  const double fo = 2.0 * T * H * Q;
+  rows.add("proj.o.fwd", "proj o fwd (+= residual) " + tag,
+           rows.time([&] { ops::matmul(ctx, attn, Trans::kNo, wo, Trans::kYes, h, 1.0f, 1.0f); }), fo);
+  rows.add("proj.o.dx", "proj o dx " + tag, rows.time([&] { ops::matmul(ctx, dh, Trans::kNo, wo, Trans::kNo, dattn); }), fo);
+  rows.add("proj.o.dw", "proj o dW " + tag,
+           rows.time([&] { ops::matmul(ctx, dh, Trans::kYes, attn, Trans::kNo, go); }), fo);
+}
+
 void bench_loss_head(Context& ctx, const ModelConfig& mc, const KernelBenchOptions& o, Rows& rows) {
   const int64_t T = o.tokens, H = mc.hidden_size, V = mc.vocab_size;
   const DType dt = compute_dtype(ctx);
@@ -297,6 +351,7 @@ nlohmann::json run_kernel_benchmarks(Context& ctx, const ModelConfig& mc, const 
   bench_attention(ctx, mc, o, o.tokens, "full", rows);
   // Packed documents; when the micro-batch is not longer than `doc`, quarters of it instead.
   bench_attention(ctx, mc, o, o.doc < o.tokens ? o.doc : std::max<int64_t>(1, o.tokens / 4), "packed", rows);
+  bench_projections(ctx, mc, o, rows);
   bench_loss_head(ctx, mc, o, rows);
   return rows.out;
 }
