@@ -565,12 +565,3 @@ void grouped_gemm_ws_dw(Context& ctx, const __nv_bfloat16* x, const __nv_bfloat1
 }
 
 }  // namespace moetrain::cuda
-
-namespace moetrain::cuda {
-
-void gemm_ws_dw_dense(Context& ctx, const __nv_bfloat16* x, const __nv_bfloat16* dy, int64_t N, int64_t K, int64_t M,
-                      void* dw, bool dw_bf16, bool accumulate) {
-  gwd::dispatch_dw(ctx, x, dy, nullptr, 1, N, K, M, dw, dw_bf16, accumulate, nullptr, 0);
-}
-
-}  // namespace moetrain::cuda

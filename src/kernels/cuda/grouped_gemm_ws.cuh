@@ -32,9 +32,4 @@ void grouped_gemm_ws_dx(Context& ctx, const __nv_bfloat16* dy, const __nv_bfloat
 void grouped_gemm_ws_dw(Context& ctx, const __nv_bfloat16* x, const __nv_bfloat16* dy, const int32_t* off, int E,
                         int64_t N, int64_t K, int64_t M, void* dw, bool dw_bf16, bool accumulate, double* sum_squares);
 
-// dw[M, K] (+)= dy[N, M]^T x[N, K] for one dense pair (the dW kernel above with one group of all N
-// rows, no offsets read): what matmul runs for a C = A^T B of that kind when gemm_ws_dw_dense_fits.
-void gemm_ws_dw_dense(Context& ctx, const __nv_bfloat16* x, const __nv_bfloat16* dy, int64_t N, int64_t K, int64_t M,
-                      void* dw, bool dw_bf16, bool accumulate);
-
 }  // namespace moetrain::cuda

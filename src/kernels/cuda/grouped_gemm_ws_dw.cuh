@@ -45,13 +45,12 @@ struct Cfg {
 };
 
 struct Params {
-  const int32_t* off;  // [E + 1] on the device, or null for one dense matrix pair (E 1, rows dense_rows)
+  const int32_t* off;
   void* c;     // dw [E, ci, cj] (the AdamW epilogue: the prior gradient, only read)
   double* ss;  // per-tile sums of squares, or null
   int E, nmt, ncol;
   int64_t ci, cj;  // M, K
   int accumulate;
-  int dense_rows;  // N when off is null
 };
 
 struct Tile {
@@ -409,7 +408,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   int32_t* s_off = reinterpret_cast<int32_t*>(out_p + C::kOffOff);
   double* s_red = reinterpret_cast<double*>(out_p + C::kRedOff);
   const int tid = threadIdx.x;
-  for (int i = tid; i <= p.E; i += kThreads) s_off[i] = p.off ? p.off[i] : (i == 0 ? 0 : p.dense_rows);
+  for (int i = tid; i <= p.E; i += kThreads) s_off[i] = p.off[i];
   __syncthreads();
   expert_order(s_off, p.E, tid, kThreads);
   if (tid == 0) {
@@ -610,15 +609,10 @@ void launch_dw_kernel(Context& ctx, const bf16* x, const bf16* dy, int64_t N, in
 }
 
 // x [N, K], dy [N, M]; dw [E, M, K]; per-tile partials of the sum of squares into `partial` (or null).
-// off null: E is 1 and the group is all N rows (a dense dw = dy^T x).
 template <int BN, typename DwT, int BK>
 void launch_dw(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, int E, int64_t N, int64_t K,
                int64_t M, void* dw, bool accumulate, double* partial) {
-  Params p = dw_params<BN>(off, E, K, M, dw, accumulate, partial);
-  if (!off) {  // one dense pair: rows [0, N)
-    MT_CHECK(E == 1 && N < (int64_t(1) << 31), "[grouped_gemm_ws] a dense dW is one group of < 2^31 rows");
-    p.dense_rows = static_cast<int>(N);
-  }
+  const Params p = dw_params<BN>(off, E, K, M, dw, accumulate, partial);
   const int64_t bound = static_cast<int64_t>(E) * p.nmt * p.ncol, sms = dw_sm_count(ctx);
   const int64_t grid = bound < sms ? (bound > 0 ? bound : 1) : sms;
   launch_dw_kernel<BN, DwT, BK>(ctx, x, dy, N, K, M, p, StoreEpilogue{}, grid, "grouped_matmul_backward");

@@ -4,10 +4,8 @@
 // their width (leading dimension), like the CPU twin.
 #include <cublas_v2.h>
 
-#include "core/env.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
-#include "kernels/cuda/grouped_gemm_ws.cuh"
 
 namespace moetrain::cuda {
 
@@ -46,25 +44,6 @@ cudaDataType_t cuda_type(DType t) {
   }
 }
 
-// C (+)= A^T B on the Hopper dW kernel (gemm_ws_dw_dense) instead of cuBLAS: bf16 A and B, f32 or
-// bf16 C, alpha 1, beta 0 or 1, all three dense, cc 9.0, and at least one 128 x BN output tile per SM.
-// MT_MATMUL_DW (read once): auto (those cases), cublas (never), ws (every case the kernel supports).
-bool use_ws_dw(const Context& ctx, const Tensor& a, Trans ta, const Tensor& b, Trans tb, const Tensor& c, float alpha,
-               float beta) {
-  static const std::string mode = env_string("MT_MATMUL_DW", "auto");
-  if (mode == "cublas" || ta != Trans::kYes || tb != Trans::kNo || alpha != 1.0f || (beta != 0.0f && beta != 1.0f))
-    return false;
-  if (a.dtype() != DType::kBF16 || b.dtype() != DType::kBF16 ||
-      (c.dtype() != DType::kBF16 && c.dtype() != DType::kF32))
-    return false;
-  const int64_t K = a.size(0), M = c.size(0), N = c.size(1);
-  if (ld_of(a) != a.size(1) || ld_of(b) != b.size(1) || ld_of(c) != N) return false;
-  if (!grouped_gemm_ws_supported(ctx, K, N, M, 1, b.data_ptr(), a.data_ptr(), c.data_ptr())) return false;
-  if (mode == "ws") return true;
-  const int64_t bn = c.dtype() == DType::kBF16 ? 256 : 128;
-  return (M + 127) / 128 * ((N + bn - 1) / bn) >= ctx.facts().sm_count;
-}
-
 }  // namespace
 
 void matmul(Context& ctx, const Tensor& a, Trans ta, const Tensor& b, Trans tb, Tensor& c, float alpha,
@@ -94,12 +73,6 @@ void matmul(Context& ctx, const Tensor& a, Trans ta, const Tensor& b, Trans tb, 
   }
   MT_CHECK(M < (int64_t{1} << 31) && N < (int64_t{1} << 31) && K < (int64_t{1} << 31),
            "[matmul] dims [{}, {}, {}] exceed cuBLAS's int range", M, N, K);
-  if (use_ws_dw(ctx, a, ta, b, tb, c, alpha, beta)) {  // c[M, N] = a[K, M]^T b[K, N]: dw = dy^T x
-    gemm_ws_dw_dense(ctx, static_cast<const __nv_bfloat16*>(b.data_ptr()),
-                     static_cast<const __nv_bfloat16*>(a.data_ptr()), K, N, M, c.data_ptr(),
-                     c.dtype() == DType::kBF16, beta == 1.0f);
-    return;
-  }
   auto h = static_cast<cublasHandle_t>(ctx.cublas_handle());
   MT_CHECK(h, "[matmul] the Context has no cuBLAS handle (is it a CUDA context?)");
   MT_CUBLAS_CHECK(cublasSetStream(h, stream_of(ctx)));
