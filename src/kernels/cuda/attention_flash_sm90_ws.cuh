@@ -447,6 +447,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
           dp[n][e] = s[n][e] * (dp[n][e] - Dv[c]);
         }
       pack_a(pa, dp);
+      wg::wgmma_fence();
+      gemm_regs_mn<kM>(dk, pa, bQ);
+      wg::wgmma_commit();
       // dS^T into shared memory for the dQ GEMM: pa[kk][x] holds row srow + 8 (x & 1), query chunk 2 kk + (x >> 1).
 #pragma unroll
       for (int kk = 0; kk < kM / 16; ++kk)
@@ -455,7 +458,6 @@ __global__ void __launch_bounds__(kWsThreads, 1)
           st_shared_b32(bS + sw_off<kWgBM>(srow + 8 * (x & 1), 2 * kk + (x >> 1)) + 4 * (lane & 3), pa[kk][x]);
       wg::fence_proxy_async();
       ws_consumer_sync();  // both halves of dS^T are written (and step it-1's dQ GEMMs, on the other tile, done)
-      // dQ = dS K, then dK += dS^T Q: the dQ tile goes to shared memory while the dK GEMM runs.
       float dq[8][4];
       const uint32_t bK = sK + (kD == 128 ? cw * kWgBM * 128 : 0);
       wg::wgmma_fence();
@@ -463,11 +465,11 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       for (int kk = 0; kk < kWgBM / 16; ++kk)
         wgmma_ss_tt(dq, desc_mn<kWgBM>(bS, 16 * kk), desc_mn<kWgBM>(bK, 16 * kk), kk);
       wg::wgmma_commit();
-      gemm_regs_mn<kM>(dk, pa, bQ);
-      wg::wgmma_commit();
-      wg::wgmma_wait<1>();  // dV and dQ are done
+      wg::wgmma_wait<0>();
+      fence_acc(dk);
       fence_acc(dv);
       fence_acc(dq);
+      ws_arrive_lane0(q_empty + 8 * b, lane);  // Q, dO, lse, D of this stage are no longer read
       // The writer of the previous step has read its dQ tile.
       if (it > 0) wg::mbar_wait(dq_empty + 8 * ((it - 1) & 1), (static_cast<uint32_t>(it - 1) >> 1) & 1u);
       if (kD == 128 || cw == 0) {
@@ -481,9 +483,6 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       wg::fence_proxy_async();  // read next by the bulk copies
       __syncwarp();
       ws_arrive_lane0(dq_full + 8 * (it & 1), lane);
-      wg::wgmma_wait<0>();  // dK is done
-      fence_acc(dk);
-      ws_arrive_lane0(q_empty + 8 * b, lane);  // Q, dO, lse, D of this stage are no longer read
     }
     store_kv_partials<kD>(a, dk, dv, key, g, w.split);
   }
