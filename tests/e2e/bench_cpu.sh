@@ -89,6 +89,7 @@ check("attention_forward" in attr and "step - sum" in attr and "region optimizer
 k = {r["key"]: r for r in j["kernels"]}
 want = [f"gmm.{c}.{p}" for c in ("gate_up", "down") for p in ("fwd", "dx", "dw", "bwd")]
 want += [f"attn.{c}.{p}" for c in ("full", "packed") for p in ("fwd", "bwd")] + [f"loss_head.{v}{w}" for v in ("chunked", "unfused") for w in ("", ".write")]
+want += [f"proj.qkv.{p}{w}" for p in ("fwd", "dx", "dw") for w in ("", ".one")] + [f"proj.o.{p}" for p in ("fwd", "dx", "dw")]
 check(sorted(k) == sorted(want), f"kernel keys {sorted(k)}")
 for key, r in k.items():
     check(r["ms"] >= 0 and r["flops"] > 0, f"kernel {key} values")
@@ -99,6 +100,9 @@ for key, r in k.items():
         check(r["ms"] > 0, f"kernel {key} time")
 check(k["gmm.gate_up.fwd"]["flops"] == 2 * 64 * 2 * 64 * 64, "gate_up flops")  # N = T k, K = H, M = 2 I
 check(k["attn.full.fwd"]["flops"] == 4 * (64 * 65 / 2) * 16 * 4, "attention flops")
+for p in ("fwd", "dx", "dw"):  # T 64, H 64, q 4 x 16, k and v 2 x 16 each
+    check(k[f"proj.qkv.{p}"]["flops"] == k[f"proj.qkv.{p}.one"]["flops"] == 2 * 64 * 64 * (64 + 2 * 32), f"proj qkv {p} flops")
+    check(k[f"proj.o.{p}"]["flops"] == 2 * 64 * 64 * 64, f"proj o {p} flops")
 check(k["attn.packed.fwd"]["flops"] == 4 * 4 * (16 * 17 / 2) * 16 * 4, "packed attention flops (4 docs of 16)")
 logits = 64 * 256 * 4  # [T, V] f32 on the CPU
 ch, un = k["loss_head.chunked"]["peak_extra_bytes"], k["loss_head.unfused"]["peak_extra_bytes"]
