@@ -13,6 +13,7 @@
 
 #include <cmath>
 
+#include "core/profiler.h"
 #include "kernels/ops.h"
 
 namespace moetrain {
@@ -78,9 +79,12 @@ void attention_forward_part(Context& ctx, const ModelConfig& cfg, const LayerPar
   s.rstd_in = act_empty({T}, DType::kF32, dev);
   ops::rmsnorm_forward(ctx, x, w.input_norm, eps, s.a, s.rstd_in);
 
-  s.q_raw = linear(ctx, s.a, w.q_proj, dt, dev).view({T, nh, d});
-  s.k_raw = linear(ctx, s.a, w.k_proj, dt, dev).view({T, nkv, d});
-  s.v = linear(ctx, s.a, w.v_proj, dt, dev).view({T, nkv, d});
+  {  // the projections' cuBLAS time, apart in `moetrain bench --profile` (regions)
+    const ProfileScope region(ctx, "proj_qkv_fwd", ProfileKind::kRegion);
+    s.q_raw = linear(ctx, s.a, w.q_proj, dt, dev).view({T, nh, d});
+    s.k_raw = linear(ctx, s.a, w.k_proj, dt, dev).view({T, nkv, d});
+    s.v = linear(ctx, s.a, w.v_proj, dt, dev).view({T, nkv, d});
+  }
   s.q_rstd = act_empty({T * nh}, DType::kF32, dev);
   s.k_rstd = act_empty({T * nkv}, DType::kF32, dev);
   qk_norm_rope(ctx, cfg, w, batch, s, s.q_rstd, s.k_rstd);
@@ -89,6 +93,7 @@ void attention_forward_part(Context& ctx, const ModelConfig& cfg, const LayerPar
   // h = x + attn Wo^T (the copy runs on the stream as a same-dtype cast)
   s.h = act_empty({T, H}, dt, dev);
   ops::cast(ctx, x, s.h);
+  const ProfileScope region(ctx, "proj_o_fwd", ProfileKind::kRegion);
   ops::matmul(ctx, s.attn.view({T, nh * d}), Trans::kNo, w.o_proj, Trans::kYes, s.h, 1.0f, 1.0f);
 }
 
@@ -215,8 +220,11 @@ void attention_backward_part(Context& ctx, const ModelConfig& cfg, const LayerPa
   const float theta = static_cast<float>(cfg.rope_theta);
 
   Tensor dattn = work_empty({T, nh * d}, dt, dev);
-  ops::matmul(ctx, dh, Trans::kNo, w.o_proj, Trans::kNo, dattn);                                // [T,H] x [H,nh*d]
-  ops::matmul(ctx, dh, Trans::kYes, s.attn.view({T, nh * d}), Trans::kNo, g.o_proj, 1.0f, gb);  // [H,T] x [T,nh*d]
+  {
+    const ProfileScope region(ctx, "proj_o_bwd", ProfileKind::kRegion);
+    ops::matmul(ctx, dh, Trans::kNo, w.o_proj, Trans::kNo, dattn);                                // [T,H] x [H,nh*d]
+    ops::matmul(ctx, dh, Trans::kYes, s.attn.view({T, nh * d}), Trans::kNo, g.o_proj, 1.0f, gb);  // [H,T] x [T,nh*d]
+  }
 
   Tensor dq = work_empty({T, nh, d}, dt, dev), dk = work_empty({T, nkv, d}, dt, dev);
   Tensor dv = work_empty({T, nkv, d}, dt, dev);
@@ -231,12 +239,15 @@ void attention_backward_part(Context& ctx, const ModelConfig& cfg, const LayerPa
 
   Tensor dq2 = dq.view({T, nh * d}), dk2 = dk.view({T, nkv * d}), dv2 = dv.view({T, nkv * d});
   Tensor da = work_empty({T, H}, dt, dev);
-  ops::matmul(ctx, dq2, Trans::kNo, w.q_proj, Trans::kNo, da);                   // [T,nh*d] x [nh*d,H]
-  ops::matmul(ctx, dk2, Trans::kNo, w.k_proj, Trans::kNo, da, 1.0f, 1.0f);
-  ops::matmul(ctx, dv2, Trans::kNo, w.v_proj, Trans::kNo, da, 1.0f, 1.0f);
-  ops::matmul(ctx, dq2, Trans::kYes, s.a, Trans::kNo, g.q_proj, 1.0f, gb);     // [nh*d,T] x [T,H]
-  ops::matmul(ctx, dk2, Trans::kYes, s.a, Trans::kNo, g.k_proj, 1.0f, gb);
-  ops::matmul(ctx, dv2, Trans::kYes, s.a, Trans::kNo, g.v_proj, 1.0f, gb);
+  {
+    const ProfileScope region(ctx, "proj_qkv_bwd", ProfileKind::kRegion);
+    ops::matmul(ctx, dq2, Trans::kNo, w.q_proj, Trans::kNo, da);                   // [T,nh*d] x [nh*d,H]
+    ops::matmul(ctx, dk2, Trans::kNo, w.k_proj, Trans::kNo, da, 1.0f, 1.0f);
+    ops::matmul(ctx, dv2, Trans::kNo, w.v_proj, Trans::kNo, da, 1.0f, 1.0f);
+    ops::matmul(ctx, dq2, Trans::kYes, s.a, Trans::kNo, g.q_proj, 1.0f, gb);     // [nh*d,T] x [T,H]
+    ops::matmul(ctx, dk2, Trans::kYes, s.a, Trans::kNo, g.k_proj, 1.0f, gb);
+    ops::matmul(ctx, dv2, Trans::kYes, s.a, Trans::kNo, g.v_proj, 1.0f, gb);
+  }
 
   // residual: d(input) = d(h) + d(norm path), added by the norm's backward
   ops::rmsnorm_backward(ctx, s.x, w.input_norm, s.rstd_in, da, dh, g.input_norm, /*dx_accumulate=*/true);
