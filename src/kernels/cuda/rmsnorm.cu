@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include <type_traits>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 
@@ -141,6 +143,23 @@ struct Lanes {
       else *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[1]);
     }
   }
+  // The weights of vector j only (kVec floats), in 16-byte loads.
+  template <typename W>
+  __device__ static void load_w_vec(const W* w, int lane, int j, float (&f)[kVec]) {
+    const W* p = w + col(j, lane);
+    if constexpr (std::is_same_v<W, float> && kVec == 8) {
+      const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+      f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+    } else if constexpr (std::is_same_v<W, __nv_bfloat16> && kVec == 8) {
+      const uint4 q = *reinterpret_cast<const uint4*>(p);
+      const uint32_t u[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) f[2 * i] = __uint_as_float(u[i] << 16), f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) f[i] = to_f(p[i]);
+    }
+  }
   template <typename W>
   __device__ static void load_w(const W* w, int lane, float (&f)[EPL]) {
 #pragma unroll
@@ -214,8 +233,11 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock) rmsnorm_fwd_vec_kernel(
   const int64_t r0 = blockIdx.x * rows_per_block, r1 = min(R, r0 + rows_per_block);
   const int64_t t0 = r0 / ra.heads;
   fill_rope_table<kRope>(tab, ra, t0, (r1 - 1) / ra.heads - t0 + 1);
-  float wf[EPL];
-  L::load_w(w, lane, wf);
+  // Long rows (EPL >= 32) read a lane's weights where they are used: held in registers across the
+  // row's load and reduction they took D = 2048 to 148 registers, one block (8 warps) per SM.
+  constexpr bool kWLate = EPL >= 32;
+  float wf[kWLate ? 1 : EPL];
+  if constexpr (!kWLate) L::load_w(w, lane, wf);
   for (int64_t r = r0 + warp; r < r1; r += kRowsPerBlock) {
     float v[EPL];
     L::load(x + r * D, lane, v);
@@ -225,8 +247,18 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock) rmsnorm_fwd_vec_kernel(
     ss = warp_sum(ss);
     const float rs = 1.0f / sqrtf(ss / static_cast<float>(D) + eps);
     if (lane == 0) rstd[r] = rs;
+    if constexpr (kWLate) {
 #pragma unroll
-    for (int i = 0; i < EPL; ++i) v[i] = v[i] * rs * wf[i];
+      for (int j = 0; j < L::kNV; ++j) {
+        float wj[L::kVec];
+        L::load_w_vec(w, lane, j, wj);
+#pragma unroll
+        for (int i = 0; i < L::kVec; ++i) v[j * L::kVec + i] = v[j * L::kVec + i] * rs * wj[i];
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < EPL; ++i) v[i] = v[i] * rs * wf[i];
+    }
     if constexpr (kRope) {
 #pragma unroll
       for (int i = 0; i < EPL; ++i) v[i] = round_bf16(v[i]);
