@@ -238,18 +238,27 @@ void bench_projections(Context& ctx, const ModelConfig& mc, const KernelBenchOpt
     std::function<void()> three, one;
   };
   const Pass passes[] = {
-      {"fwd", [&] { for (int i = 0; i < 3; ++i) ops::matmul(ctx, a, Trans::kNo, w3[i], Trans::kYes, y3[i]); },
+      {"fwd",
+       [&] {
+         for (int i = 0; i < 3; ++i) ops::matmul(ctx, a, Trans::kNo, w3[i], Trans::kYes, y3[i]);
+       },
        [&] { ops::matmul(ctx, a, Trans::kNo, wf, Trans::kYes, yf); }},
       {"dx",  // the layer adds k's and v's into q's
-       [&] { for (int i = 0; i < 3; ++i) ops::matmul(ctx, d3[i], Trans::kNo, w3[i], Trans::kNo, da, 1.0f, i ? 1.0f : 0.0f); },
+       [&] {
+         for (int i = 0; i < 3; ++i) ops::matmul(ctx, d3[i], Trans::kNo, w3[i], Trans::kNo, da, 1.0f, i ? 1.0f : 0.0f);
+       },
        [&] { ops::matmul(ctx, dyf, Trans::kNo, wf, Trans::kNo, da); }},
-      {"dw", [&] { for (int i = 0; i < 3; ++i) ops::matmul(ctx, d3[i], Trans::kYes, a, Trans::kNo, g3[i]); },
+      {"dw",
+       [&] {
+         for (int i = 0; i < 3; ++i) ops::matmul(ctx, d3[i], Trans::kYes, a, Trans::kNo, g3[i]);
+       },
        [&] { ops::matmul(ctx, dyf, Trans::kYes, a, Trans::kNo, gf); }},
   };
   const double fq = 2.0 * T * H * F;
   const std::string tag = fmt::format("T{} H{} q{} kv{}", T, H, Q, KV);
   for (const Pass& p : passes) {
-    rows.add(fmt::format("proj.qkv.{}", p.key), fmt::format("proj q,k,v {} (3 GEMMs) {}", p.key, tag), rows.time(p.three), fq);
+    rows.add(fmt::format("proj.qkv.{}", p.key), fmt::format("proj q,k,v {} (3 GEMMs) {}", p.key, tag),
+             rows.time(p.three), fq);
     rows.add(fmt::format("proj.qkv.{}.one", p.key), fmt::format("proj [q;k;v] {} (1 GEMM) {}", p.key, tag),
              rows.time(p.one), fq);
   }
@@ -260,7 +269,8 @@ void bench_projections(Context& ctx, const ModelConfig& mc, const KernelBenchOpt
   const double fo = 2.0 * T * H * Q;
   rows.add("proj.o.fwd", "proj o fwd (+= residual) " + tag,
            rows.time([&] { ops::matmul(ctx, attn, Trans::kNo, wo, Trans::kYes, h, 1.0f, 1.0f); }), fo);
-  rows.add("proj.o.dx", "proj o dx " + tag, rows.time([&] { ops::matmul(ctx, dh, Trans::kNo, wo, Trans::kNo, dattn); }), fo);
+  rows.add("proj.o.dx", "proj o dx " + tag,
+           rows.time([&] { ops::matmul(ctx, dh, Trans::kNo, wo, Trans::kNo, dattn); }), fo);
   rows.add("proj.o.dw", "proj o dW " + tag,
            rows.time([&] { ops::matmul(ctx, dh, Trans::kYes, attn, Trans::kNo, go); }), fo);
 }

@@ -93,8 +93,10 @@ void attention_forward_part(Context& ctx, const ModelConfig& cfg, const LayerPar
   // h = x + attn Wo^T (the copy runs on the stream as a same-dtype cast)
   s.h = act_empty({T, H}, dt, dev);
   ops::cast(ctx, x, s.h);
-  const ProfileScope region(ctx, "proj_o_fwd", ProfileKind::kRegion);
-  ops::matmul(ctx, s.attn.view({T, nh * d}), Trans::kNo, w.o_proj, Trans::kYes, s.h, 1.0f, 1.0f);
+  {
+    const ProfileScope region(ctx, "proj_o_fwd", ProfileKind::kRegion);
+    ops::matmul(ctx, s.attn.view({T, nh * d}), Trans::kNo, w.o_proj, Trans::kYes, s.h, 1.0f, 1.0f);
+  }
 }
 
 // Dense SwiGLU MLP on b [T,H]; returns y [T,H].

@@ -4,7 +4,6 @@
 // (fixed chunks of 32 rows, then the chunk partials added in a fixed tree): no atomics.
 #include <algorithm>
 #include <cmath>
-
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
@@ -110,24 +109,26 @@ struct Lanes {
   static constexpr int kVec = EPL >= 8 ? 8 : EPL;  // elements per vector
   static constexpr int kNV = EPL / kVec;           // vectors per lane
   __device__ static int col(int j, int lane) { return (j * 32 + lane) * kVec; }
+  // Vector j of a bf16 row (one 16- or 8-byte load), widened into f[0, kVec).
+  __device__ static void load_vec(const __nv_bfloat16* row, int lane, int j, float* f) {
+    const __nv_bfloat16* p = row + col(j, lane);
+    uint32_t w[kVec / 2];
+    if constexpr (kVec == 8) {
+      const uint4 q = *reinterpret_cast<const uint4*>(p);
+      w[0] = q.x, w[1] = q.y, w[2] = q.z, w[3] = q.w;
+    } else {
+      const uint2 q = *reinterpret_cast<const uint2*>(p);
+      w[0] = q.x, w[1] = q.y;
+    }
+#pragma unroll
+    for (int i = 0; i < kVec / 2; ++i) {
+      f[2 * i] = __uint_as_float(w[i] << 16);
+      f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+  }
   __device__ static void load(const __nv_bfloat16* row, int lane, float (&f)[EPL]) {
 #pragma unroll
-    for (int j = 0; j < kNV; ++j) {
-      const __nv_bfloat16* p = row + col(j, lane);
-      uint32_t w[kVec / 2];
-      if constexpr (kVec == 8) {
-        const uint4 q = *reinterpret_cast<const uint4*>(p);
-        w[0] = q.x, w[1] = q.y, w[2] = q.z, w[3] = q.w;
-      } else {
-        const uint2 q = *reinterpret_cast<const uint2*>(p);
-        w[0] = q.x, w[1] = q.y;
-      }
-#pragma unroll
-      for (int i = 0; i < kVec / 2; ++i) {
-        f[j * kVec + 2 * i] = __uint_as_float(w[i] << 16);
-        f[j * kVec + 2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-      }
-    }
+    for (int j = 0; j < kNV; ++j) load_vec(row, lane, j, f + j * kVec);
   }
   __device__ static void store(__nv_bfloat16* row, int lane, const float (&f)[EPL]) {
 #pragma unroll
@@ -147,14 +148,11 @@ struct Lanes {
   template <typename W>
   __device__ static void load_w_vec(const W* w, int lane, int j, float (&f)[kVec]) {
     const W* p = w + col(j, lane);
-    if constexpr (std::is_same_v<W, float> && kVec == 8) {
+    if constexpr (std::is_same_v<W, __nv_bfloat16>) {
+      load_vec(w, lane, j, f);
+    } else if constexpr (std::is_same_v<W, float> && kVec == 8) {
       const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
       f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
-    } else if constexpr (std::is_same_v<W, __nv_bfloat16> && kVec == 8) {
-      const uint4 q = *reinterpret_cast<const uint4*>(p);
-      const uint32_t u[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) f[2 * i] = __uint_as_float(u[i] << 16), f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
     } else {
 #pragma unroll
       for (int i = 0; i < kVec; ++i) f[i] = to_f(p[i]);
