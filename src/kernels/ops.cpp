@@ -181,9 +181,12 @@ void embedding_backward(Context& ctx, const Tensor& ids, const Tensor& dout, Ten
 }
 
 // ---- RMSNorm -------------------------------------------------------------------------------
-void rmsnorm_forward(Context& ctx, const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor& rstd) {
+void rmsnorm_forward(Context& ctx, const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor& rstd,
+                     Tensor* x_copy) {
   const char* op = "rmsnorm_forward";
-  const Device dev = device_of(ctx, op, {{x, "x"}, {w, "w"}, {y, "y"}, {rstd, "rstd"}});
+  const Tensor none;
+  const Device dev = device_of(ctx, op, {{x, "x"}, {w, "w"}, {y, "y"}, {rstd, "rstd"},
+                                         {x_copy ? *x_copy : none, "x_copy"}});
   expect_float(x, {-1, -1}, op, "x");
   const int64_t R = x.size(0), D = x.size(1);
   expect_float(w, {D}, op, "w");
@@ -191,7 +194,13 @@ void rmsnorm_forward(Context& ctx, const Tensor& x, const Tensor& w, float eps, 
   check_same_dtype(y, x, op, "y", "x");
   expect(rstd, {R}, DType::kF32, op, "rstd");
   MT_CHECK(eps >= 0.0f, "[rmsnorm_forward] eps = {} must be >= 0", eps);
-  MT_DISPATCH(dev, rmsnorm_forward, ctx, x, w, eps, y, rstd);
+  if (x_copy) {
+    check_shape(*x_copy, {R, D}, op, "x_copy");
+    check_same_dtype(*x_copy, x, op, "x_copy", "x");
+    MT_CHECK(x_copy->data_ptr() != x.data_ptr() && x_copy->data_ptr() != y.data_ptr(),
+             "[{}] x_copy must be a tensor of its own", op);
+  }
+  MT_DISPATCH(dev, rmsnorm_forward, ctx, x, w, eps, y, rstd, x_copy);
 }
 
 void rmsnorm_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& rstd,
@@ -388,12 +397,12 @@ void router_topk(Context& ctx, const Tensor& logits, int k, bool normalize, Tens
 }
 
 void router_topk_backward(Context& ctx, const Tensor& probs, const Tensor& topk_idx, const Tensor& topk_w,
-                          const Tensor& dtopk_w, const Tensor& dprobs_extra, bool normalize,
-                          Tensor& dlogits) {
+                          const Tensor& dtopk_w, const Tensor& dprobs_extra, bool normalize, Tensor& dlogits,
+                          const Tensor& aux_counts, int64_t aux_rows, float aux_coef) {
   const char* op = "router_topk_backward";
   const Device dev = device_of(ctx, op, {{probs, "probs"}, {topk_idx, "topk_idx"}, {topk_w, "topk_w"},
                                          {dtopk_w, "dtopk_w"}, {dprobs_extra, "dprobs_extra"},
-                                         {dlogits, "dlogits"}});
+                                         {dlogits, "dlogits"}, {aux_counts, "aux_counts"}});
   expect(probs, {-1, -1}, DType::kF32, op, "probs");
   const int64_t T = probs.size(0), E = probs.size(1);
   expect(topk_idx, {T, -1}, DType::kI32, op, "topk_idx");
@@ -402,19 +411,33 @@ void router_topk_backward(Context& ctx, const Tensor& probs, const Tensor& topk_
   expect(dtopk_w, {T, k}, DType::kF32, op, "dtopk_w");
   if (dprobs_extra.defined()) expect(dprobs_extra, {T, E}, DType::kF32, op, "dprobs_extra");
   expect(dlogits, {T, E}, DType::kF32, op, "dlogits");
-  MT_DISPATCH(dev, router_topk_backward, ctx, probs, topk_idx, topk_w, dtopk_w, dprobs_extra, normalize, dlogits);
+  if (aux_counts.defined()) {
+    expect(aux_counts, {E}, DType::kF32, op, "aux_counts");
+    MT_CHECK(aux_rows > 0, "[{}] aux_rows = {} must be > 0 with aux_counts", op, aux_rows);
+  }
+  MT_DISPATCH(dev, router_topk_backward, ctx, probs, topk_idx, topk_w, dtopk_w, dprobs_extra, normalize, dlogits,
+              aux_counts, aux_rows, aux_coef);
 }
 
-void router_stats(Context& ctx, const Tensor& probs, const Tensor& topk_idx, Tensor& counts, Tensor& prob_sum) {
+void router_stats(Context& ctx, const Tensor& probs, const Tensor& topk_idx, Tensor& counts, Tensor& prob_sum,
+                  const Tensor& logits, Tensor* health) {
   const char* op = "router_stats";
+  MT_CHECK(logits.defined() == (health != nullptr),
+           "[router_stats] the health sums need both the logits and an output (got {} and {})",
+           logits.defined() ? logits.desc() : "no logits", health ? "an output" : "none");
+  const Tensor none;
   const Device dev = device_of(ctx, op, {{probs, "probs"}, {topk_idx, "topk_idx"}, {counts, "counts"},
-                                         {prob_sum, "prob_sum"}});
+                                         {prob_sum, "prob_sum"}, {logits, "logits"}, {health ? *health : none, "health"}});
   expect(probs, {-1, -1}, DType::kF32, op, "probs");
   const int64_t T = probs.size(0), E = probs.size(1);
   expect(topk_idx, {T, -1}, DType::kI32, op, "topk_idx");
   expect(counts, {E}, DType::kF32, op, "counts");
   expect(prob_sum, {E}, DType::kF32, op, "prob_sum");
-  MT_DISPATCH(dev, router_stats, ctx, probs, topk_idx, counts, prob_sum);
+  if (health) {
+    expect(logits, {T, E}, DType::kF32, op, "logits");
+    expect(*health, {2}, DType::kF32, op, "health");
+  }
+  MT_DISPATCH(dev, router_stats, ctx, probs, topk_idx, counts, prob_sum, logits, health);
 }
 
 double aux_loss_value(const Tensor& counts, const Tensor& prob_sum, int64_t rows) {

@@ -47,8 +47,10 @@ void embedding_backward(Context& ctx, const Tensor& ids /*[T] i32*/, const Tenso
 
 // ---- RMSNorm over the last dim: y = x * rsqrt(mean(x^2) + eps) * w -------------------------
 // Per-head norms (q_norm/k_norm) pass x viewed as [T*heads, d].
+// x_copy (optional) receives a copy of x, made from the row loads the norm does anyway (the
+// residual stream's copy that the attention output is added to).
 void rmsnorm_forward(Context& ctx, const Tensor& x /*[R,D]*/, const Tensor& w /*[D]*/, float eps,
-                     Tensor& y /*[R,D]*/, Tensor& rstd /*[R] f32*/);
+                     Tensor& y /*[R,D]*/, Tensor& rstd /*[R] f32*/, Tensor* x_copy /*[R,D]*/ = nullptr);
 // dx_accumulate: dx += the norm's input gradient (the residual stream's gradient, summed in f32 and
 // rounded once) instead of dx = it.
 void rmsnorm_backward(Context& ctx, const Tensor& x /*[R,D]*/, const Tensor& w /*[D]*/,
@@ -112,16 +114,23 @@ void router_topk(Context& ctx, const Tensor& logits /*[T,E] f32*/, int k, bool n
                  Tensor& probs /*[T,E] f32*/, Tensor& topk_idx /*[T,k] i32*/,
                  Tensor& topk_w /*[T,k] f32*/);
 // dlogits = d/dlogits of (sum dtopk_w * topk_w + sum dprobs_extra * probs); dprobs_extra may be
-// undefined (it carries the aux-loss gradient).
+// undefined. With aux_counts, every row's dprobs also gets aux_loss_backward's row (the aux-loss
+// gradient, the same bits as adding it into dprobs_extra first, without a [T,E] buffer).
 void router_topk_backward(Context& ctx, const Tensor& probs, const Tensor& topk_idx,
                           const Tensor& topk_w, const Tensor& dtopk_w /*[T,k]*/,
                           const Tensor& dprobs_extra /*[T,E] or undefined*/, bool normalize,
-                          Tensor& dlogits /*[T,E] f32*/);
+                          Tensor& dlogits /*[T,E] f32*/, const Tensor& aux_counts /*[E] f32 or undefined*/ = Tensor(),
+                          int64_t aux_rows = 0, float aux_coef = 0.0f);
 
 // Load-balancing statistics of one layer, accumulated: counts[e] += number of (token, slot)
-// picks of e; prob_sum[e] += sum over tokens of probs[:, e].
+// picks of e; prob_sum[e] += sum over tokens of probs[:, e]. With the logits the probabilities
+// came from, also the router's health sums, overwritten: health[0] = sum over tokens of
+// logsumexp(logits[t]), health[1] = sum over tokens and experts of probs * logits (the mean
+// entropy is their difference over T).
 void router_stats(Context& ctx, const Tensor& probs /*[T,E]*/, const Tensor& topk_idx /*[T,k]*/,
-                  Tensor& counts /*[E] f32, +=*/, Tensor& prob_sum /*[E] f32, +=*/);
+                  Tensor& counts /*[E] f32, +=*/, Tensor& prob_sum /*[E] f32, +=*/,
+                  const Tensor& logits /*[T,E] f32 or undefined*/ = Tensor(),
+                  Tensor* health /*[2] f32, =; with logits*/ = nullptr);
 // aux = E * sum_e (counts[e] / N) * (prob_sum[e] / N), N = rows the stats cover (HF form when
 // stats span all layers; Megatron per-layer form when per layer). Host math on [E] values.
 double aux_loss_value(const Tensor& counts, const Tensor& prob_sum, int64_t rows);

@@ -77,7 +77,9 @@ void attention_forward_part(Context& ctx, const ModelConfig& cfg, const LayerPar
   s.x = x;
   s.a = act_empty({T, H}, dt, dev);
   s.rstd_in = act_empty({T}, DType::kF32, dev);
-  ops::rmsnorm_forward(ctx, x, w.input_norm, eps, s.a, s.rstd_in);
+  // h = x + attn Wo^T below: the norm's row loads also write x into h.
+  s.h = act_empty({T, H}, dt, dev);
+  ops::rmsnorm_forward(ctx, x, w.input_norm, eps, s.a, s.rstd_in, &s.h);
 
   {  // the projections' cuBLAS time, apart in `moetrain bench --profile` (regions)
     const ProfileScope region(ctx, "proj_qkv_fwd", ProfileKind::kRegion);
@@ -90,9 +92,7 @@ void attention_forward_part(Context& ctx, const ModelConfig& cfg, const LayerPar
   qk_norm_rope(ctx, cfg, w, batch, s, s.q_rstd, s.k_rstd);
   attention_core(ctx, cfg, batch, s);
 
-  // h = x + attn Wo^T (the copy runs on the stream as a same-dtype cast)
-  s.h = act_empty({T, H}, dt, dev);
-  ops::cast(ctx, x, s.h);
+  // h = x + attn Wo^T (h holds x's copy from the input norm)
   {
     const ProfileScope region(ctx, "proj_o_fwd", ProfileKind::kRegion);
     ops::matmul(ctx, s.attn.view({T, nh * d}), Trans::kNo, w.o_proj, Trans::kYes, s.h, 1.0f, 1.0f);
@@ -199,14 +199,12 @@ void moe_ffn_backward(Context& ctx, const ModelConfig& cfg, const LayerParams& w
   dgu = Tensor();
   ops::moe_permute_backward(ctx, dxp, s.row_of, db);
 
-  // Router: top-k weights' gradient plus the aux loss (through probs) and the z-loss (logits).
-  Tensor dprobs;
-  if (rg.aux_coef != 0.0f && rg.aux_rows > 0) {
-    dprobs = Tensor::zeros({T, E}, DType::kF32, dev, MemCategory::kWorkspace);
-    ops::aux_loss_backward(ctx, rg.aux_counts, rg.aux_rows, rg.aux_coef, dprobs);
-  }
+  // Router: top-k weights' gradient plus the aux loss (through probs, added row by row inside the
+  // op) and the z-loss (logits).
+  const bool aux = rg.aux_coef != 0.0f && rg.aux_rows > 0;
   Tensor dlogits = work_empty({T, E}, DType::kF32, dev);
-  ops::router_topk_backward(ctx, s.probs, s.topk_idx, s.topk_w, dtopk_w, dprobs, cfg.norm_topk_prob, dlogits);
+  ops::router_topk_backward(ctx, s.probs, s.topk_idx, s.topk_w, dtopk_w, Tensor(), cfg.norm_topk_prob, dlogits,
+                            aux ? rg.aux_counts : Tensor(), rg.aux_rows, rg.aux_coef);
   if (rg.z_scale != 0.0f) ops::router_zloss_backward(ctx, s.router_logits, s.z_lse, rg.z_scale, dlogits);
   Tensor dl = to_dtype(ctx, dlogits, dt);
   ops::matmul(ctx, dl, Trans::kNo, w.router, Trans::kNo, db, 1.0f, 1.0f);          // [T,E] x [E,H]

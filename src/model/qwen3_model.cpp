@@ -113,17 +113,6 @@ void Qwen3Model::release() {
   final_in_ = final_out_ = final_rstd_ = dh_ = aux_counts_total_ = stats_ = Tensor();
 }
 
-Tensor Qwen3Model::ones_(int64_t n) {
-  const Device dev = params_.embed.device();
-  if (!ones_cache_.defined() || ones_cache_.numel() < n) {
-    // One upload when the token count grows; afterwards sums need no transfer.
-    const int64_t m = std::max<int64_t>(n, 1024);
-    ones_cache_ = Tensor::from_floats(std::vector<float>(static_cast<size_t>(m), 1.0f), {m})
-                      .to(dev, MemCategory::kWorkspace);
-  }
-  return ones_cache_.slice(0, 0, n);
-}
-
 int64_t Qwen3Model::chunk_rows_(int64_t T) const {
   return loss_head_chunk_rows(T, params_.config.vocab_size, params_.embed.dtype(), opts_.ce_chunk_tokens,
                               opts_.ce_chunk_bytes);
@@ -148,17 +137,13 @@ Tensor Qwen3Model::embed_and_layers_(Context& ctx, const Batch& batch, Pass pass
     if (w.sparse) {
       const int64_t base = 1 + sparse_slot_[l] * stats_stride(E);
       Tensor counts = stats_.slice(0, base, base + E), prob_sum = stats_.slice(0, base + E, base + 2 * E);
-      ops::router_stats(ctx, s.probs, s.topk_idx, counts, prob_sum);
-      ops::add_(ctx, aux_counts_total_, counts);
-      if (opts_.router_stats) {
-        Tensor lse = s.z_lse;
-        if (!lse.defined()) {
-          lse = work_empty({T}, DType::kF32, dev);
-          logsumexp_rows(ctx, s.router_logits, lse);
-        }
-        dot_into(ctx, lse, ones_(T), stats_.slice(0, base + 2 * E, base + 2 * E + 1));
-        dot_into(ctx, s.probs, s.router_logits, stats_.slice(0, base + 2 * E + 1, base + 2 * E + 2));
+      if (opts_.router_stats) {  // and the health sums, from the logits, in the same two launches
+        Tensor health = stats_.slice(0, base + 2 * E, base + 2 * E + 2);
+        ops::router_stats(ctx, s.probs, s.topk_idx, counts, prob_sum, s.router_logits, &health);
+      } else {
+        ops::router_stats(ctx, s.probs, s.topk_idx, counts, prob_sum);
       }
+      ops::add_(ctx, aux_counts_total_, counts);
       if (set.z_loss) dot_into(ctx, s.z_lse, s.z_lse, stats_.slice(0, base + 2 * E + 2, base + 2 * E + 3));
     }
     if (save) {

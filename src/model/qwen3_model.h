@@ -128,7 +128,6 @@ class Qwen3Model {
              ForwardResult& res);
   void finish_(ForwardResult& res);
   const Tensor& lm_head_weight() const;
-  Tensor ones_(int64_t n);
   int64_t chunk_rows_(int64_t T) const;
 
   const ModelParams& params_;
@@ -151,7 +150,6 @@ class Qwen3Model {
   Tensor aux_counts_total_;                   // [E] f32 (global form)
   Tensor stats_;                              // packed f32 statistics (layout in qwen3_model.cpp)
   std::unique_ptr<Pending> pending_;
-  Tensor ones_cache_;                         // f32 ones on the device (sums as dot products)
 };
 
 // Zeros in the model's layout, category kGradients (lm_head aliases embed when tied): f32, or

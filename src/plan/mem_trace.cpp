@@ -232,6 +232,7 @@ int layer_forward(Trace& t, const Dims& d, const TraceShape& s, bool sparse, int
   const double T = d.T, dt = d.dt;
   A(T * d.H * dt, "a (input RMSNorm out) [T,H]", true);
   A(T * 4, "rstd_in [T] f32", false);
+  A(T * d.H * dt, "h (x, then + attention out: the residual) [T,H]", false);
   A(T * d.qw * dt, "q_raw [T,nh*d]", false);
   A(T * d.kvw * dt, "k_raw [T,nkv*d]", false);
   A(T * d.kvw * dt, "v [T,nkv*d]", false);
@@ -240,7 +241,6 @@ int layer_forward(Trace& t, const Dims& d, const TraceShape& s, bool sparse, int
   qk_norm_rope(t, d, s, A);
   A(T * d.qw * dt, "attn (attention out) [T,nh*d]", true);
   A(T * d.nh * 4, "lse [nh,T] f32", true);
-  A(T * d.H * dt, "h (after attention residual) [T,H]", false);
   A(T * d.H * dt, "b (post-attention RMSNorm out) [T,H]", true);
   A(T * 4, "rstd_post [T] f32", false);
   const TraceGroup out_group = g == TraceGroup::kRecomputed ? TraceGroup::kLayerTemp : TraceGroup::kSaved;
@@ -344,7 +344,6 @@ void layer_backward(Trace& t, const ModelConfig& c, const Dims& d, const TraceSh
     t.free(dgu);
     at_end.push_back(dxp);
     if (s.ep > 1) at_end.push_back(t.alloc(TraceGroup::kDispatch, kWork, d.Tk * d.H * dt, "dxp back [T*k,H]"));
-    if (s.aux_grad) at_end.push_back(W(T * d.E * 4, "dprobs"));
     at_end.push_back(W(T * d.E * 4, "dlogits (router)"));
     if (dt != 4) at_end.push_back(W(T * d.E * dt, "dlogits (router, compute dtype)"));
     for (int id : at_end) t.free(id);
@@ -380,7 +379,7 @@ struct ForwardState {
 
 // Qwen3Model::run_forward_ (kTrain) of one micro-batch on this stage, with the head fused
 // (forward_backward: the head's backward runs here and leaves dh) or not (DPO's forward()).
-ForwardState forward(Trace& t, const ModelConfig& c, const Dims& d, const TraceShape& s, bool& ones_pending) {
+ForwardState forward(Trace& t, const ModelConfig& c, const Dims& d, const TraceShape& s) {
   ForwardState f;
   const double T = d.T, dt = d.dt;
   if (s.batch_on_device) {  // the trainer's Batch: tokens, positions, cu_seqlens, labels, loss_weights
@@ -407,23 +406,9 @@ ForwardState forward(Trace& t, const ModelConfig& c, const Dims& d, const TraceS
     LayerIds ids;
     const int out = layer_forward(t, d, s, sparse, h, TraceGroup::kSaved, ids);
     if (sparse) {
-      if (s.on_cuda)  // router_stats partial histograms
-        t.free(t.alloc(TraceGroup::kLayerTemp, kWork, static_cast<double>(chunks_of(T)) * d.E * 8, "router stats scratch"));
-      if (s.router_stats) {
-        int lse = -1;
-        if (!s.z_loss) {
-          lse = t.alloc(TraceGroup::kLayerTemp, kWork, T * 4, "router lse [T] f32");
-          logsumexp_temps(t, T);
-        }
-        if (ones_pending) {  // Qwen3Model::ones_: built on the host, copied into a kept workspace tensor
-          const double m = std::max(T, 1024.0) * 4;
-          const int host = s.on_cuda ? -1 : t.alloc(TraceGroup::kLayerTemp, MemCategory::kOther, m, "ones (host)");
-          t.alloc(TraceGroup::kLayerTemp, kWork, m, "ones cache (kept by the model)");
-          t.free(host);
-          ones_pending = false;
-        }
-        t.free(lse);
-      }
+      if (s.on_cuda)  // router_stats partial histograms (and the health sums' partials, [chunks] f32 x 2)
+        t.free(t.alloc(TraceGroup::kLayerTemp, kWork, static_cast<double>(chunks_of(T)) * (d.E * 8 + (s.router_stats ? 8 : 0)),
+                       "router stats scratch"));
     }
     if (s.recompute == Recompute::kFull) {  // only x stays (held as acts_[l].x)
       for (int id : ids.saved) t.free(id);
@@ -515,10 +500,9 @@ TraceResult trace_micro_batch(const ModelConfig& cfg, const TraceShape& s) {
   const Dims d = dims_of(cfg, s);
   std::vector<ForwardState> fs;
   const int64_t n = std::max<int64_t>(1, s.in_flight);
-  bool ones_pending = s.ones_cache;
   for (int64_t m = 0; m < n; ++m) {
     t.phase("forward");
-    fs.push_back(forward(t, cfg, d, s, ones_pending));
+    fs.push_back(forward(t, cfg, d, s));
   }
   for (auto& f : fs) backward(t, cfg, d, s, f);
   return t.analyze();

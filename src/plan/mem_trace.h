@@ -35,8 +35,6 @@ struct TraceShape {
   int sm_count = 132;        // flash-attention backward splits depend on it (H100/H200: 132)
   bool hopper = false;       // cc 9.0: the fused sm90 attention backward's workspace
   bool router_stats = true;  // ModelOptions::router_stats (logging.log_expert_load)
-  bool ones_cache = true;    // the model's cached ones vector is first allocated in this micro-batch
-  bool aux_grad = true;      // the aux loss has a gradient (coefficient != 0)
   bool z_loss = false;
   // > 0: each expert matrix's backward takes a gradient workspace of this many bytes per element
   // while it runs (optimizer.update_in_backward without gradient buffers, on the two-op path).

@@ -147,7 +147,6 @@ PlanInput PlanInput::from_config(const TrainConfig& cfg, const Hardware& hw) {
   MT_CHECK(hw.num_gpus % mp == 0, "[plan] {}: {} GPUs cannot hold tp x pp x cp = {}", cfg.source, hw.num_gpus, mp);
   in.layout.dp = hw.num_gpus / mp;
   in.distributed_optimizer = cfg.parallel.use_distributed_optimizer;
-  in.aux_loss = cfg.model.moe_aux_loss_coeff > 0;
   in.z_loss = cfg.model.moe_z_loss_coeff > 0;
   in.router_stats = cfg.logging.log_expert_load;
   in.train_iters = cfg.training.train_iters;

@@ -84,7 +84,6 @@ struct PlanInput {
   OptimizerKind optimizer = OptimizerKind::kAdamW;
   Layout layout;
   bool distributed_optimizer = true;
-  bool aux_loss = true;
   bool z_loss = false;
   bool router_stats = true;        // logging.log_expert_load (device reductions need a little scratch)
   double imbalance = kDefaultImbalance;

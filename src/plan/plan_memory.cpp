@@ -246,7 +246,6 @@ StagePlan plan_stage(const PlanInput& in, const Hardware& hw, int64_t first, int
   ts.sm_count = hw.sm_count;
   ts.hopper = !cpu && is_hopper(hw.name);
   ts.router_stats = in.router_stats;
-  ts.aux_grad = in.aux_loss && c.is_moe();
   ts.z_loss = in.z_loss;
   ts.recompute = in.recompute;
   ts.expert_grad_scratch_bytes = expert_grads_free && !fused_update && te > 0 ? static_cast<int>(gbytes) : 0;

@@ -100,6 +100,18 @@ TEST(Backend, RmsNorm) {
       cpu::rmsnorm_forward(cpu_ctx(), x.cpu, w.cpu, 1e-6f, y.cpu, rstd.cpu);
       check("rmsnorm_forward", "y", y, tol_for(dt));
       check("rmsnorm_forward", "rstd", rstd, 1e-6);
+      {  // With the residual copy (x_copy): the same y and rstd bits, and x's bits in the copy.
+        Pair y2 = output({c.R, c.D}, dt), rstd2 = output({c.R}, DType::kF32);
+        Tensor xc = Tensor::empty({c.R, c.D}, dt, Device::cuda(0));
+        ops::rmsnorm_forward(gpu_ctx(), x.gpu, w.gpu, 1e-6f, y2.gpu, rstd2.gpu, &xc);
+        device_sync();
+        y2.cpu = y.gpu.to(Device::cpu());
+        rstd2.cpu = rstd.gpu.to(Device::cpu());
+        check_exact("rmsnorm_forward", "y with x_copy", y2);
+        check_exact("rmsnorm_forward", "rstd with x_copy", rstd2);
+        const Pair copy{x.gpu.to(Device::cpu()), xc};
+        check_exact("rmsnorm_forward", "x_copy = x", copy);
+      }
 
       Pair dy = input(randn(c.R * c.D, 33), {c.R, c.D}, dt);
       const auto prior = randn(c.R * c.D, 35);

@@ -86,7 +86,9 @@ TEST(Backend, Deterministic) {
            w = Tensor::empty({T, k}, DType::kF32, dev);
     ops::router_topk(ctx, logits.gpu, k, true, probs, idx, w);
     Tensor counts = Tensor::zeros({E}, DType::kF32, dev), psum = Tensor::zeros({E}, DType::kF32, dev);
-    expect_reproducible("router_stats", {&counts, &psum}, [&] { ops::router_stats(ctx, probs, idx, counts, psum); });
+    Tensor health = Tensor::empty({2}, DType::kF32, dev);
+    expect_reproducible("router_stats", {&counts, &psum, &health},
+                        [&] { ops::router_stats(ctx, probs, idx, counts, psum, logits.gpu, &health); });
     Tensor c = Tensor::empty({E}, DType::kI32, dev), o = Tensor::empty({E + 1}, DType::kI32, dev),
            r = Tensor::empty({T * k}, DType::kI32, dev), t = Tensor::empty({T * k}, DType::kI32, dev);
     expect_reproducible("moe_route_index", {&c, &o, &r, &t},

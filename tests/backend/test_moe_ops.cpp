@@ -50,10 +50,15 @@ TEST(Backend, Router) {
       std::vector<float> ci(c0.size());
       std::transform(c0.begin(), c0.end(), ci.begin(), [](float x) { return std::floor(x); });
       Pair counts = output({c.E}, DType::kF32, &ci), psum = output({c.E}, DType::kF32, &c0);
-      ops::router_stats(gpu_ctx(), p.gpu, ix.gpu, counts.gpu, psum.gpu);
-      cpu::router_stats(cpu_ctx(), p.cpu, ix.cpu, counts.cpu, psum.cpu);
+      // With the health sums (from the logits) in the normalized cases, without in the others.
+      Pair health = output({2}, DType::kF32);
+      ops::router_stats(gpu_ctx(), p.gpu, ix.gpu, counts.gpu, psum.gpu, normalize ? logits.gpu : Tensor(),
+                        normalize ? &health.gpu : nullptr);
+      cpu::router_stats(cpu_ctx(), p.cpu, ix.cpu, counts.cpu, psum.cpu, normalize ? logits.cpu : Tensor(),
+                        normalize ? &health.cpu : nullptr);
       check("router_stats", "counts " + tag, counts, 0.0);
       check("router_stats", "prob_sum " + tag, psum, 1e-6);
+      if (normalize) check("router_stats", "health (sum of lse, sum of p * logit) " + tag, health, 1e-5);
       check_scalar("aux_loss_value", tag, ops::aux_loss_value(counts.gpu, psum.gpu, c.T),
                    cpu::aux_loss_value(counts.cpu, psum.cpu, c.T), 1e-6);
       const auto d0 = randn(c.T * c.E, 95);
@@ -63,6 +68,22 @@ TEST(Backend, Router) {
       ops::aux_loss_backward(gpu_ctx(), cnt.gpu, c.T, 0.001f, dprobs.gpu);
       cpu::aux_loss_backward(cpu_ctx(), cnt.cpu, c.T, 0.001f, dprobs.cpu);
       check("aux_loss_backward", "dprobs " + tag, dprobs, 1e-7);
+      {  // The aux-loss row inside the top-k backward: against the CPU, and bitwise against the
+         // two-step form (zeros, aux_loss_backward, then the row as dprobs_extra) on the GPU.
+        Pair dwp = input(randn(c.T * c.k, 96), {c.T, c.k}, DType::kF32);
+        Pair dl = output({c.T, c.E}, DType::kF32), dl2 = output({c.T, c.E}, DType::kF32);
+        ops::router_topk_backward(gpu_ctx(), p.gpu, ix.gpu, tw.gpu, dwp.gpu, Tensor(), normalize, dl.gpu, cnt.gpu, c.T,
+                                  0.001f);
+        cpu::router_topk_backward(cpu_ctx(), p.cpu, ix.cpu, tw.cpu, dwp.cpu, Tensor(), normalize, dl.cpu, cnt.cpu, c.T,
+                                  0.001f);
+        check("router_topk_backward", "dlogits with the aux row " + tag, dl, 1e-5);
+        Tensor rows = Tensor::zeros({c.T, c.E}, DType::kF32, Device::cuda(0));
+        ops::aux_loss_backward(gpu_ctx(), cnt.gpu, c.T, 0.001f, rows);
+        ops::router_topk_backward(gpu_ctx(), p.gpu, ix.gpu, tw.gpu, dwp.gpu, rows, normalize, dl2.gpu);
+        device_sync();
+        dl2.cpu = dl.gpu.to(Device::cpu());
+        check_exact("router_topk_backward", "aux row inside = two-step form " + tag, dl2);
+      }
 
       Pair lse = output({c.T}, DType::kF32);
       const double zg = ops::router_zloss_forward(gpu_ctx(), logits.gpu, lse.gpu);

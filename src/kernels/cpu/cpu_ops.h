@@ -45,7 +45,7 @@ void embedding_backward(Context& ctx, const Tensor& ids, const Tensor& dout, Ten
 
 // ---- rmsnorm.cpp ----------------------------------------------------------------------------
 void rmsnorm_forward(Context& ctx, const Tensor& x, const Tensor& w, float eps, Tensor& y,
-                     Tensor& rstd);
+                     Tensor& rstd, Tensor* x_copy = nullptr);
 void rmsnorm_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& rstd,
                       const Tensor& dy, Tensor& dx, Tensor& dw, bool dx_accumulate);
 
@@ -83,9 +83,10 @@ void router_topk(Context& ctx, const Tensor& logits, int k, bool normalize, Tens
                  Tensor& topk_idx, Tensor& topk_w);
 void router_topk_backward(Context& ctx, const Tensor& probs, const Tensor& topk_idx,
                           const Tensor& topk_w, const Tensor& dtopk_w, const Tensor& dprobs_extra,
-                          bool normalize, Tensor& dlogits);
+                          bool normalize, Tensor& dlogits, const Tensor& aux_counts = Tensor(),
+                          int64_t aux_rows = 0, float aux_coef = 0.0f);
 void router_stats(Context& ctx, const Tensor& probs, const Tensor& topk_idx, Tensor& counts,
-                  Tensor& prob_sum);
+                  Tensor& prob_sum, const Tensor& logits = Tensor(), Tensor* health = nullptr);
 double aux_loss_value(const Tensor& counts, const Tensor& prob_sum, int64_t rows);
 void aux_loss_backward(Context& ctx, const Tensor& counts, int64_t rows, float coef,
                        Tensor& dprobs);

@@ -3,6 +3,7 @@
 //   dx = rstd * (g - xhat * mean(g * xhat)),   dw += sum over rows of dy * xhat.
 // Row sums use double accumulators; dw is split by columns across threads (rows summed in order).
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
@@ -11,7 +12,7 @@
 namespace moetrain::cpu {
 
 void rmsnorm_forward(Context& ctx, const Tensor& x, const Tensor& w, float eps, Tensor& y,
-                     Tensor& rstd) {
+                     Tensor& rstd, Tensor* x_copy) {
   require_f32(x, "rmsnorm_forward", "x");
   require_f32(w, "rmsnorm_forward", "w");
   require_f32(y, "rmsnorm_forward", "y");
@@ -31,6 +32,7 @@ void rmsnorm_forward(Context& ctx, const Tensor& x, const Tensor& w, float eps, 
       for (int64_t i = 0; i < D; ++i) yr[i] = xr[i] * rs * wp[i];
     }
   });
+  if (x_copy) std::memcpy(x_copy->data_ptr(), xp, static_cast<size_t>(R * D) * sizeof(float));
 }
 
 void rmsnorm_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& rstd,

@@ -55,9 +55,22 @@ void router_topk(Context& ctx, const Tensor& logits, int k, bool normalize, Tens
   });
 }
 
+namespace {
+// d aux / d probs[t, e], the same for every row t: coef * E * counts[e] / rows^2, in double, stored as f32.
+std::vector<float> aux_loss_row(const Tensor& counts, int64_t rows, float coef) {
+  const int64_t E = counts.numel();
+  const float* cp = counts.data<float>();
+  const double n = static_cast<double>(rows);
+  std::vector<float> row(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) row[e] = static_cast<float>(coef * static_cast<double>(E) * cp[e] / (n * n));
+  return row;
+}
+}  // namespace
+
 void router_topk_backward(Context& ctx, const Tensor& probs, const Tensor& topk_idx,
                           const Tensor& topk_w, const Tensor& dtopk_w, const Tensor& dprobs_extra,
-                          bool normalize, Tensor& dlogits) {
+                          bool normalize, Tensor& dlogits, const Tensor& aux_counts, int64_t aux_rows,
+                          float aux_coef) {
   require_f32(dtopk_w, "router_topk_backward", "dtopk_w");
   if (dprobs_extra.defined()) require_f32(dprobs_extra, "router_topk_backward", "dprobs_extra");
   const int64_t T = probs.size(0), E = probs.size(1), k = topk_idx.size(1);
@@ -68,13 +81,22 @@ void router_topk_backward(Context& ctx, const Tensor& probs, const Tensor& topk_
   float* out = dlogits.data<float>();
   for (int64_t i = 0; i < T * k; ++i)
     MT_CHECK(ip[i] >= 0 && ip[i] < E, "[router_topk_backward] topk_idx[{}] = {} outside [0, {})", i, ip[i], E);
+  // The aux-loss row, as aux_loss_backward forms it, added to dprobs_extra in f32 (its bits).
+  std::vector<float> aux;
+  if (aux_counts.defined()) {
+    require_f32(aux_counts, "router_topk_backward", "aux_counts");
+    aux = aux_loss_row(aux_counts, aux_rows, aux_coef);
+  }
   parallel_for(ctx, T, 32, [&](int64_t b, int64_t e) {
     std::vector<double> g(static_cast<size_t>(E));
     for (int64_t t = b; t < e; ++t) {
       const float* p = pp + t * E;
       const int32_t* idx = ip + t * k;
       const float* dw = dwp + t * k;
-      for (int64_t c = 0; c < E; ++c) g[c] = xp ? xp[t * E + c] : 0.0;
+      for (int64_t c = 0; c < E; ++c) {
+        const float x = xp ? xp[t * E + c] : 0.0f;
+        g[c] = aux.empty() ? x : x + aux[c];
+      }
       if (normalize) {
         double s = 0.0, dot = 0.0;
         for (int64_t j = 0; j < k; ++j) s += p[idx[j]];
@@ -91,7 +113,7 @@ void router_topk_backward(Context& ctx, const Tensor& probs, const Tensor& topk_
 }
 
 void router_stats(Context& ctx, const Tensor& probs, const Tensor& topk_idx, Tensor& counts,
-                  Tensor& prob_sum) {
+                  Tensor& prob_sum, const Tensor& logits, Tensor* health) {
   require_f32(probs, "router_stats", "probs");
   require_f32(counts, "router_stats", "counts");
   require_f32(prob_sum, "router_stats", "prob_sum");
@@ -112,6 +134,21 @@ void router_stats(Context& ctx, const Tensor& probs, const Tensor& topk_idx, Ten
       for (int64_t c = b; c < e; ++c) acc[c - b] += pp[t * E + c];
     for (int64_t c = b; c < e; ++c) sp[c] += static_cast<float>(acc[c - b]);
   });
+  if (!health) return;
+  require_f32(logits, "router_stats", "logits");
+  require_f32(*health, "router_stats", "health");
+  const float* lp = logits.data<float>();
+  double lse_sum = 0.0, pl_sum = 0.0;
+  for (int64_t t = 0; t < T; ++t) {
+    const float* l = lp + t * E;
+    double mx = -INFINITY, s = 0.0;
+    for (int64_t c = 0; c < E; ++c) mx = std::max(mx, static_cast<double>(l[c]));
+    for (int64_t c = 0; c < E; ++c) s += std::exp(static_cast<double>(l[c]) - mx);
+    lse_sum += mx + std::log(s);
+    for (int64_t c = 0; c < E; ++c) pl_sum += static_cast<double>(pp[t * E + c]) * l[c];
+  }
+  health->data<float>()[0] = static_cast<float>(lse_sum);
+  health->data<float>()[1] = static_cast<float>(pl_sum);
 }
 
 double aux_loss_value(const Tensor& counts, const Tensor& prob_sum, int64_t rows) {
@@ -131,10 +168,7 @@ void aux_loss_backward(Context& ctx, const Tensor& counts, int64_t rows, float c
   require_f32(counts, "aux_loss_backward", "counts");
   require_f32(dprobs, "aux_loss_backward", "dprobs");
   const int64_t T = dprobs.size(0), E = dprobs.size(1);
-  const float* cp = counts.data<float>();
-  const double n = static_cast<double>(rows);
-  std::vector<float> row(static_cast<size_t>(E));
-  for (int64_t e = 0; e < E; ++e) row[e] = static_cast<float>(coef * static_cast<double>(E) * cp[e] / (n * n));
+  const std::vector<float> row = aux_loss_row(counts, rows, coef);
   float* dp = dprobs.data<float>();
   parallel_for(ctx, T, 256, [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t)

@@ -222,7 +222,7 @@ __device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(_
 template <int EPL, typename W, bool kRope>
 __global__ void __launch_bounds__(32 * kRowsPerBlock) rmsnorm_fwd_vec_kernel(
     const __nv_bfloat16* __restrict__ x, const W* __restrict__ w, float eps, __nv_bfloat16* __restrict__ y,
-    float* __restrict__ rstd, int64_t R, int64_t rows_per_block, RopeArgs ra) {
+    float* __restrict__ rstd, int64_t R, int64_t rows_per_block, RopeArgs ra, __nv_bfloat16* __restrict__ xcopy) {
   pdl_wait();
   using L = Lanes<EPL>;
   constexpr int D = 32 * EPL;
@@ -239,6 +239,7 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock) rmsnorm_fwd_vec_kernel(
   for (int64_t r = r0 + warp; r < r1; r += kRowsPerBlock) {
     float v[EPL];
     L::load(x + r * D, lane, v);
+    if (xcopy) L::store(xcopy + r * D, lane, v);  // bf16 -> f32 -> bf16: the same bits
     float ss = 0.0f;
 #pragma unroll
     for (int i = 0; i < EPL; ++i) ss += v[i] * v[i];
@@ -375,7 +376,8 @@ void with_epl(int64_t D, F&& body) {
 
 }  // namespace
 
-void rmsnorm_forward(Context& ctx, const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor& rstd) {
+void rmsnorm_forward(Context& ctx, const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor& rstd,
+                     Tensor* x_copy) {
   const char* op = "rmsnorm_forward";
   need_cuda(x, op, "x");
   need_cuda(w, op, "w");
@@ -389,15 +391,18 @@ void rmsnorm_forward(Context& ctx, const Tensor& x, const Tensor& w, float eps, 
   need_numel(rstd, R, op, "rstd");
   if (!R) return;
   const unsigned blocks = static_cast<unsigned>((R + kRowsPerBlock - 1) / kRowsPerBlock);
-  if (rmsnorm_vec_ok(x, w, {&y})) {
+  if (x_copy) need_cuda(*x_copy, op, "x_copy");
+  if (rmsnorm_vec_ok(x, w, {&y}) && (!x_copy || rmsnorm_vec_ok(x, w, {x_copy}))) {
     MT_CUDA_DISPATCH(w.dtype(), W, op, with_epl(D, [&]<int EPL>() {
       launch_pdl(rmsnorm_fwd_vec_kernel<EPL, W, false>, blocks, 32 * kRowsPerBlock, 0, stream_of(ctx),
           static_cast<const __nv_bfloat16*>(x.data_ptr()), static_cast<const W*>(w.data_ptr()), eps,
-          static_cast<__nv_bfloat16*>(y.data_ptr()), rstd.data<float>(), R, kRowsPerBlock, RopeArgs{});
+          static_cast<__nv_bfloat16*>(y.data_ptr()), rstd.data<float>(), R, kRowsPerBlock, RopeArgs{},
+          x_copy ? static_cast<__nv_bfloat16*>(x_copy->data_ptr()) : nullptr);
     }));
     check_launch(op);
     return;
   }
+  if (x_copy) cast(ctx, x, *x_copy);  // the scalar kernel: a plain copy first
   MT_CUDA_DISPATCH(x.dtype(), X, op,
     MT_CUDA_DISPATCH(w.dtype(), W, op,
       launch_pdl(rmsnorm_fwd_kernel<X, W>, blocks, 32 * kRowsPerBlock, 0, stream_of(ctx),
@@ -512,7 +517,7 @@ void norm_rope_forward(Context& ctx, const Tensor& x, const Tensor& w, float eps
     launch_pdl(rmsnorm_fwd_vec_kernel<4, W, true>, blocks, 32 * kRowsPerBlock, 0, stream_of(ctx),
         static_cast<const __nv_bfloat16*>(x.data_ptr()), static_cast<const W*>(w.data_ptr()), eps,
         static_cast<__nv_bfloat16*>(y.data_ptr()), rstd.data<float>(), R, rows_per_block,
-        rope_args(pos, theta, heads, 1.0f)));
+        rope_args(pos, theta, heads, 1.0f), nullptr));
   check_launch(op);
 }
 

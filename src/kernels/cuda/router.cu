@@ -79,10 +79,18 @@ __global__ void router_topk_kernel(const float* __restrict__ logits, int64_t T, 
     for (int j = 0; j < k; ++j) topk_w[t * k + j] /= sum;
 }
 
+// aux_counts (optional): the block first forms aux_loss_bwd_kernel's row in shared memory [E].
 __global__ void router_topk_bwd_kernel(const float* __restrict__ probs, const int32_t* __restrict__ topk_idx,
                                        const float* __restrict__ dtopk_w, const float* __restrict__ dprobs_extra,
-                                       bool normalize, int64_t T, int64_t E, int k, float* __restrict__ dlogits) {
+                                       bool normalize, int64_t T, int64_t E, int k, float* __restrict__ dlogits,
+                                       const float* __restrict__ aux_counts, double aux_rows, double aux_coef) {
   pdl_wait();
+  extern __shared__ float aux_row[];
+  if (aux_counts) {
+    for (int64_t e = threadIdx.x; e < E; e += blockDim.x)
+      aux_row[e] = static_cast<float>(aux_coef * static_cast<double>(E) * aux_counts[e] / (aux_rows * aux_rows));
+    __syncthreads();
+  }
   const int64_t t = blockIdx.x * (int64_t)kWarpsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (t >= T) return;
@@ -97,6 +105,7 @@ __global__ void router_topk_bwd_kernel(const float* __restrict__ probs, const in
   }
   auto g_of = [&](int64_t e) {
     float g = dprobs_extra ? dprobs_extra[t * E + e] : 0.0f;
+    if (aux_counts) g += aux_row[e];
     for (int j = 0; j < k; ++j)
       if (idx[j] == e) g += normalize ? (dw[j] - dot) / s : dw[j];
     return g;
@@ -107,10 +116,13 @@ __global__ void router_topk_bwd_kernel(const float* __restrict__ probs, const in
   for (int64_t e = lane; e < E; e += 32) dlogits[t * E + e] = p[e] * (g_of(e) - pg);
 }
 
-// Per row chunk c: pcount[c, e] = picks of e, pprob[c, e] = sum of probs[:, e] over the chunk.
+// Per row chunk c: pcount[c, e] = picks of e, pprob[c, e] = sum of probs[:, e] over the chunk; with
+// logits, phealth[c] = (sum of the chunk's rows' logsumexp, sum of its probs * logits), each warp
+// taking every 8th row and the warps' sums added in warp order.
 __global__ void router_stats_partial_kernel(const float* __restrict__ probs, const int32_t* __restrict__ topk_idx,
                                             int64_t T, int64_t E, int k, int64_t rows_per_chunk,
-                                            int32_t* __restrict__ pcount, float* __restrict__ pprob) {
+                                            int32_t* __restrict__ pcount, float* __restrict__ pprob,
+                                            const float* __restrict__ logits, float2* __restrict__ phealth) {
   pdl_wait();
   extern __shared__ int32_t hist[];  // [E]
   const int64_t c = blockIdx.x, r0 = c * rows_per_chunk, r1 = min(T, r0 + rows_per_chunk);
@@ -127,20 +139,54 @@ __global__ void router_stats_partial_kernel(const float* __restrict__ probs, con
     pprob[c * E + e] = acc;
     pcount[c * E + e] = hist[e];
   }
+  if (!logits) return;
+  __shared__ float2 wsum[kWarpsPerBlock];
+  const int warp = static_cast<int>(threadIdx.x >> 5), lane = static_cast<int>(threadIdx.x & 31);
+  float2 h = make_float2(0.0f, 0.0f);
+  for (int64_t r = r0 + warp; r < r1; r += kWarpsPerBlock) {
+    const float* l = logits + r * E;
+    h.x += row_lse(l, E, lane);
+    float pl = 0.0f;
+    for (int64_t e = lane; e < E; e += 32) pl += probs[r * E + e] * l[e];
+    h.y += warp_sum(pl);
+  }
+  if (lane == 0) wsum[warp] = h;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float2 t = wsum[0];
+    for (int w = 1; w < kWarpsPerBlock; ++w) t = make_float2(t.x + wsum[w].x, t.y + wsum[w].y);
+    phealth[c] = t;
+  }
 }
 
 // One block per expert: thread c takes chunk c (kMaxChunks >= chunks, one per thread), then a fixed
 // tree over the block adds them (the same order on every run). A serial loop over the chunks per
 // expert issued its 2 x 256 loads one at a time: 0.03 ms per layer for 2 MB of input.
 static_assert((kMaxChunks & (kMaxChunks - 1)) == 0 && kMaxChunks <= 1024, "the final tree needs a power-of-two block");
+// Block E (launched with the health sums) adds the chunks' health pairs with the same tree.
 __global__ void router_stats_final_kernel(const int32_t* __restrict__ pcount, const float* __restrict__ pprob,
                                           int64_t chunks, int64_t E, float* __restrict__ counts,
-                                          float* __restrict__ prob_sum) {
+                                          float* __restrict__ prob_sum, const float2* __restrict__ phealth,
+                                          float* __restrict__ health) {
   pdl_wait();
   __shared__ int32_t sn[kMaxChunks];
   __shared__ float ss[kMaxChunks];
+  __shared__ float2 sh[kMaxChunks];
   const int64_t e = blockIdx.x;
   const int c = threadIdx.x;
+  if (e == E) {
+    sh[c] = c < chunks ? phealth[c] : make_float2(0.0f, 0.0f);
+    __syncthreads();
+    for (int half = kMaxChunks / 2; half > 0; half >>= 1) {
+      if (c < half) sh[c] = make_float2(sh[c].x + sh[c + half].x, sh[c].y + sh[c + half].y);
+      __syncthreads();
+    }
+    if (c == 0) {
+      health[0] = sh[0].x;
+      health[1] = sh[0].y;
+    }
+    return;
+  }
   sn[c] = c < chunks ? pcount[c * E + e] : 0;
   ss[c] = c < chunks ? pprob[c * E + e] : 0.0f;
   __syncthreads();
@@ -213,7 +259,8 @@ void router_topk(Context& ctx, const Tensor& logits, int k, bool normalize, Tens
 }
 
 void router_topk_backward(Context& ctx, const Tensor& probs, const Tensor& topk_idx, const Tensor& topk_w,
-                          const Tensor& dtopk_w, const Tensor& dprobs_extra, bool normalize, Tensor& dlogits) {
+                          const Tensor& dtopk_w, const Tensor& dprobs_extra, bool normalize, Tensor& dlogits,
+                          const Tensor& aux_counts, int64_t aux_rows, float aux_coef) {
   const char* op = "router_topk_backward";
   need_f32(probs, op, "probs");
   need_f32(dtopk_w, op, "dtopk_w");
@@ -227,15 +274,22 @@ void router_topk_backward(Context& ctx, const Tensor& probs, const Tensor& topk_
     need_f32(dprobs_extra, op, "dprobs_extra");
     need_numel(dprobs_extra, T * E, op, "dprobs_extra");
   }
+  if (aux_counts.defined()) {
+    need_f32(aux_counts, op, "aux_counts");
+    need_numel(aux_counts, E, op, "aux_counts");
+    MT_CHECK(E * 4 <= 48 * 1024, "[{}] {} experts exceed the shared-memory aux-loss row", op, E);
+  }
   if (!T) return;
-  launch_pdl(router_topk_bwd_kernel, warp_blocks(T), 32 * kWarpsPerBlock, 0, stream_of(ctx),
-      probs.data<float>(), topk_idx.data<int32_t>(), dtopk_w.data<float>(),
+  launch_pdl(router_topk_bwd_kernel, warp_blocks(T), 32 * kWarpsPerBlock, aux_counts.defined() ? E * 4 : 0,
+      stream_of(ctx), probs.data<float>(), topk_idx.data<int32_t>(), dtopk_w.data<float>(),
       dprobs_extra.defined() ? dprobs_extra.data<float>() : nullptr, normalize, T, E, static_cast<int>(k),
-      dlogits.data<float>());
+      dlogits.data<float>(), aux_counts.defined() ? aux_counts.data<float>() : nullptr,
+      static_cast<double>(aux_rows), static_cast<double>(aux_coef));
   check_launch(op);
 }
 
-void router_stats(Context& ctx, const Tensor& probs, const Tensor& topk_idx, Tensor& counts, Tensor& prob_sum) {
+void router_stats(Context& ctx, const Tensor& probs, const Tensor& topk_idx, Tensor& counts, Tensor& prob_sum,
+                  const Tensor& logits, Tensor* health) {
   const char* op = "router_stats";
   need_f32(probs, op, "probs");
   need_f32(counts, op, "counts");
@@ -247,14 +301,21 @@ void router_stats(Context& ctx, const Tensor& probs, const Tensor& topk_idx, Ten
   need_numel(prob_sum, E, op, "prob_sum");
   if (!T || !E) return;
   MT_CHECK(E * 4 <= 48 * 1024, "[router_stats] {} experts exceed the shared-memory histogram", E);
+  if (health) {
+    need_f32(logits, op, "logits");
+    need_f32(*health, op, "health");
+  }
   const int64_t chunks = std::min<int64_t>(T, kMaxChunks), rows_per_chunk = (T + chunks - 1) / chunks;
-  Tensor scratch = device_scratch(ctx, chunks * E * 8);
+  Tensor scratch = device_scratch(ctx, chunks * E * 8 + (health ? chunks * 8 : 0));
   int32_t* pcount = static_cast<int32_t*>(scratch.data_ptr());
   float* pprob = reinterpret_cast<float*>(pcount + chunks * E);
-  launch_pdl(router_stats_partial_kernel, static_cast<unsigned>(chunks), 256, E * 4, stream_of(ctx),
-      probs.data<float>(), topk_idx.data<int32_t>(), T, E, static_cast<int>(k), rows_per_chunk, pcount, pprob);
-  launch_pdl(router_stats_final_kernel, static_cast<unsigned>(E), kMaxChunks, 0, stream_of(ctx),
-      pcount, pprob, chunks, E, counts.data<float>(), prob_sum.data<float>());
+  float2* phealth = health ? reinterpret_cast<float2*>(pprob + chunks * E) : nullptr;
+  launch_pdl(router_stats_partial_kernel, static_cast<unsigned>(chunks), 32 * kWarpsPerBlock, E * 4, stream_of(ctx),
+      probs.data<float>(), topk_idx.data<int32_t>(), T, E, static_cast<int>(k), rows_per_chunk, pcount, pprob,
+      health ? logits.data<float>() : nullptr, phealth);
+  launch_pdl(router_stats_final_kernel, static_cast<unsigned>(E + (health ? 1 : 0)), kMaxChunks, 0, stream_of(ctx),
+      pcount, pprob, chunks, E, counts.data<float>(), prob_sum.data<float>(), phealth,
+      health ? health->data<float>() : nullptr);
   check_launch(op);
 }
 

@@ -65,6 +65,15 @@ TEST(RMSNorm, ForwardMatchesDoubleLoop) {
       for (int64_t i = 0; i < D; ++i) ms += double(x[r * D + i]) * x[r * D + i];
       EXPECT_NEAR(rstd.get(r), 1.0 / std::sqrt(ms / D + 1e-6), 1e-6 / std::sqrt(ms / D + 1e-6));
     }
+    // x_copy: the same y, and x in the copy; it may not alias x or y.
+    Tensor y2 = poisoned({R, D}), rstd2 = poisoned({R}), xc = poisoned({R, D});
+    Tensor xt = tensor(x, {R, D});
+    ops::rmsnorm_forward(ctx, xt, tensor(w, {D}), 1e-6f, y2, rstd2, &xc);
+    for (int64_t i = 0; i < R * D; ++i) {
+      ASSERT_EQ(y2.get(i), y.get(i)) << i;
+      ASSERT_EQ(xc.get(i), x[i]) << i;
+    }
+    EXPECT_THROW(ops::rmsnorm_forward(ctx, xt, tensor(w, {D}), 1e-6f, y2, rstd2, &xt), Error);
   }
 }
 

@@ -130,8 +130,26 @@ TEST(Router, StatsAndHFAuxLoss) {
     for (int64_t e = 0; e < E; ++e) hf += f[j * E + e] * P[e];
   hf *= E;
   Tensor c2 = zeros({E}), p2 = zeros({E});
-  ops::router_stats(ctx, probs, idx, c2, p2);
+  Tensor health = tensor({7.0f, 7.0f}, {2});  // overwritten
+  ops::router_stats(ctx, probs, idx, c2, p2, tensor(logits, {T, E}), &health);
   EXPECT_NEAR(ops::aux_loss_value(c2, p2, T), hf, 1e-6);
+  // The health sums: sum_t logsumexp(logits[t]) and sum_{t,e} p * logit, so that their difference
+  // over T is the mean entropy -sum_e p log p of the router's softmax.
+  double lse_sum = 0.0, pl_sum = 0.0, entropy = 0.0;
+  for (int64_t t = 0; t < T; ++t) {
+    double z = 0.0;
+    for (int64_t e = 0; e < E; ++e) z += std::exp(static_cast<double>(logits[t * E + e]));
+    lse_sum += std::log(z);
+    for (int64_t e = 0; e < E; ++e) {
+      const double pe = std::exp(static_cast<double>(logits[t * E + e])) / z;
+      pl_sum += probs.get(t * E + e) * static_cast<double>(logits[t * E + e]);
+      entropy -= pe * std::log(pe);
+    }
+  }
+  EXPECT_NEAR(health.get(0), lse_sum, 1e-4 * std::abs(lse_sum) + 1e-5);
+  EXPECT_NEAR(health.get(1), pl_sum, 1e-4 * std::abs(pl_sum) + 1e-5);
+  EXPECT_NEAR((health.get(0) - health.get(1)) / T, entropy / T, 1e-5);
+  EXPECT_THROW(ops::router_stats(ctx, probs, idx, c2, p2, tensor(logits, {T, E})), Error);  // no output
 
   // aux backward: d/dprobs of coef * E * sum_e counts_e/N * (sum_t p[t,e])/N, counts held fixed.
   const float coef = 0.01f;
@@ -149,6 +167,16 @@ TEST(Router, StatsAndHFAuxLoss) {
       to_d(probs));
   for (int64_t i = 0; i < T * E; ++i) g[i] += d0[i];
   expect_close(dprobs, g, 1e-5, 1e-7, "aux_loss_backward (+=)");
+
+  // The aux row inside router_topk_backward gives the bits of the two-step form.
+  auto dwv = randn(T * k, 122);
+  for (bool norm : {false, true}) {
+    Tensor rows = zeros({T, E}), one = poisoned({T, E}), two = poisoned({T, E});
+    ops::aux_loss_backward(ctx, c2, T, coef, rows);
+    ops::router_topk_backward(ctx, probs, idx, w, tensor(dwv, {T, k}), rows, norm, two);
+    ops::router_topk_backward(ctx, probs, idx, w, tensor(dwv, {T, k}), Tensor(), norm, one, c2, T, coef);
+    for (int64_t i = 0; i < T * E; ++i) ASSERT_EQ(one.get(i), two.get(i)) << "aux row inside, norm=" << norm << " at " << i;
+  }
 }
 
 TEST(Router, ZLoss) {
