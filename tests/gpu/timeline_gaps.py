@@ -39,14 +39,22 @@ def main():
                 continue
             rows.append((s, s + d, short(row[cn])))
     rows.sort()
-    segs, cur = [], []
-    for ev in rows:
-        if cur and ev[0] - max(e for _, e, _ in cur[-8:]) > a.split_us * 1e3:
+    starts = [i for i, r in enumerate(rows) if r[2].startswith("embedding_fwd")]
+    if starts:  # a moetrain step opens with the embedding lookup and ends before the next step's host gap
+        segs = []
+        for lo, hi in zip(starts, starts[1:] + [len(rows)]):
+            seg = rows[lo:hi]
+            ends = [j for j, r in enumerate(seg) if r[2].startswith("adamw")]
+            segs.append(seg[: ends[-1] + 1] if ends else seg)
+    else:
+        segs, cur = [], []
+        for ev in rows:
+            if cur and ev[0] - max(e for _, e, _ in cur[-8:]) > a.split_us * 1e3:
+                segs.append(cur)
+                cur = []
+            cur.append(ev)
+        if cur:
             segs.append(cur)
-            cur = []
-        cur.append(ev)
-    if cur:
-        segs.append(cur)
     counts = collections.Counter(len(s) for s in segs if len(s) > 20)
     if not counts:
         print("timeline_gaps: no steps found")
