@@ -79,6 +79,69 @@ __global__ void router_topk_kernel(const float* __restrict__ logits, int64_t T, 
     for (int j = 0; j < k; ++j) topk_w[t * k + j] /= sum;
 }
 
+// The same top-k for E <= 32 * kPer with the row in registers: the logits are read once, and each
+// pick is two warp reductions (the largest probability's bits + 1, where a lane without a candidate
+// offers 0; then the smallest expert index among the lanes that offered it) instead of a re-read of
+// the row and ten shuffles. Probabilities are non-negative, so their bits order as the floats do:
+// the picks, ties to the lower index, are the generic kernel's, and so are every sum and product
+// (row_lse's order, sum += pick in pick order, the same division). Expert e sits in lane e % 32,
+// slot e / 32.
+template <int kPer>
+__global__ void router_topk_reg_kernel(const float* __restrict__ logits, int64_t T, int64_t E, int k, bool normalize,
+                                       float* __restrict__ probs, int32_t* __restrict__ topk_idx,
+                                       float* __restrict__ topk_w) {
+  pdl_wait();
+  const int64_t t = blockIdx.x * (int64_t)kWarpsPerBlock + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (t >= T) return;
+  const float* x = logits + t * E;
+  float v[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) v[i] = lane + 32 * i < E ? x[lane + 32 * i] : 0.0f;
+  float mx = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i)
+    if (lane + 32 * i < E) mx = fmaxf(mx, v[i]);
+  mx = warp_max(mx);
+  float s = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i)
+    if (lane + 32 * i < E) s += expf(v[i] - mx);
+  s = warp_sum(s);
+  const float lse = mx + logf(s);
+  float* p = probs + t * E;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    v[i] = expf(v[i] - lse);
+    if (lane + 32 * i < E) p[lane + 32 * i] = v[i];
+  }
+  uint32_t taken = 0;
+  float sum = 0.0f;
+  for (int j = 0; j < k; ++j) {
+    int bi = -1;
+    float bp = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i)
+      if (lane + 32 * i < E && !((taken >> i) & 1u) && (bi < 0 || v[i] > bp)) {
+        bi = i;
+        bp = v[i];
+      }
+    const uint32_t key = bi < 0 ? 0u : __float_as_uint(bp) + 1u;
+    const uint32_t best = __reduce_max_sync(0xffffffffu, key);
+    const uint32_t mine = bi >= 0 && key == best ? static_cast<uint32_t>(lane + 32 * bi) : 0xffffffffu;
+    const uint32_t win = __reduce_min_sync(0xffffffffu, mine);
+    const float wp = __uint_as_float(best - 1u);
+    if (lane == static_cast<int>(win & 31u)) taken |= 1u << (win >> 5);
+    sum += wp;
+    if (lane == 0) {
+      topk_idx[t * k + j] = static_cast<int32_t>(win);
+      topk_w[t * k + j] = wp;
+    }
+  }
+  if (normalize && lane == 0)
+    for (int j = 0; j < k; ++j) topk_w[t * k + j] /= sum;
+}
+
 // aux_counts (optional): the block first forms aux_loss_bwd_kernel's row in shared memory [E].
 __global__ void router_topk_bwd_kernel(const float* __restrict__ probs, const int32_t* __restrict__ topk_idx,
                                        const float* __restrict__ dtopk_w, const float* __restrict__ dprobs_extra,
@@ -253,8 +316,13 @@ void router_topk(Context& ctx, const Tensor& logits, int k, bool normalize, Tens
   need_numel(topk_idx, T * k, op, "topk_idx");
   need_numel(topk_w, T * k, op, "topk_w");
   if (!T) return;
-  launch_pdl(router_topk_kernel, warp_blocks(T), 32 * kWarpsPerBlock, 0, stream_of(ctx),
-      logits.data<float>(), T, E, k, normalize, probs.data<float>(), topk_idx.data<int32_t>(), topk_w.data<float>());
+  auto launch = [&](auto kernel) {
+    launch_pdl(kernel, warp_blocks(T), 32 * kWarpsPerBlock, 0, stream_of(ctx), logits.data<float>(), T, E, k,
+               normalize, probs.data<float>(), topk_idx.data<int32_t>(), topk_w.data<float>());
+  };
+  if (E <= 128) launch(router_topk_reg_kernel<4>);
+  else if (E <= 256) launch(router_topk_reg_kernel<8>);
+  else launch(router_topk_kernel);
   check_launch(op);
 }
 
