@@ -143,6 +143,9 @@ __global__ void router_topk_reg_kernel(const float* __restrict__ logits, int64_t
 }
 
 // aux_counts (optional): the block first forms aux_loss_bwd_kernel's row in shared memory [E].
+// kPer > 0 (E <= 32 * kPer, k <= 8): a lane keeps its experts' p and g and the row's picks in
+// registers, so the row is read once and g formed once; the same operations in the same order.
+template <int kPer>
 __global__ void router_topk_bwd_kernel(const float* __restrict__ probs, const int32_t* __restrict__ topk_idx,
                                        const float* __restrict__ dtopk_w, const float* __restrict__ dprobs_extra,
                                        bool normalize, int64_t T, int64_t E, int k, float* __restrict__ dlogits,
@@ -166,17 +169,47 @@ __global__ void router_topk_bwd_kernel(const float* __restrict__ probs, const in
     for (int j = 0; j < k; ++j) s += p[idx[j]];
     for (int j = 0; j < k; ++j) dot += dw[j] * (p[idx[j]] / s);
   }
-  auto g_of = [&](int64_t e) {
-    float g = dprobs_extra ? dprobs_extra[t * E + e] : 0.0f;
-    if (aux_counts) g += aux_row[e];
-    for (int j = 0; j < k; ++j)
-      if (idx[j] == e) g += normalize ? (dw[j] - dot) / s : dw[j];
-    return g;
-  };
-  float pg = 0.0f;
-  for (int64_t e = lane; e < E; e += 32) pg += p[e] * g_of(e);
-  pg = warp_sum(pg);
-  for (int64_t e = lane; e < E; e += 32) dlogits[t * E + e] = p[e] * (g_of(e) - pg);
+  if constexpr (kPer == 0) {
+    auto g_of = [&](int64_t e) {
+      float g = dprobs_extra ? dprobs_extra[t * E + e] : 0.0f;
+      if (aux_counts) g += aux_row[e];
+      for (int j = 0; j < k; ++j)
+        if (idx[j] == e) g += normalize ? (dw[j] - dot) / s : dw[j];
+      return g;
+    };
+    float pg = 0.0f;
+    for (int64_t e = lane; e < E; e += 32) pg += p[e] * g_of(e);
+    pg = warp_sum(pg);
+    for (int64_t e = lane; e < E; e += 32) dlogits[t * E + e] = p[e] * (g_of(e) - pg);
+  } else {
+    constexpr int kMaxK = 8;
+    int32_t ix[kMaxK];
+    float dv[kMaxK];
+#pragma unroll
+    for (int j = 0; j < kMaxK; ++j) {
+      ix[j] = j < k ? idx[j] : -1;
+      dv[j] = j < k ? dw[j] : 0.0f;
+    }
+    float pv[kPer], gv[kPer];
+    float pg = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int e = lane + 32 * i;
+      if (e >= E) continue;
+      pv[i] = p[e];
+      float g = dprobs_extra ? dprobs_extra[t * E + e] : 0.0f;
+      if (aux_counts) g += aux_row[e];
+#pragma unroll
+      for (int j = 0; j < kMaxK; ++j)
+        if (ix[j] == e) g += normalize ? (dv[j] - dot) / s : dv[j];
+      gv[i] = g;
+      pg += pv[i] * gv[i];
+    }
+    pg = warp_sum(pg);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i)
+      if (lane + 32 * i < E) dlogits[t * E + lane + 32 * i] = pv[i] * (gv[i] - pg);
+  }
 }
 
 // Per row chunk c: pcount[c, e] = picks of e, pprob[c, e] = sum of probs[:, e] over the chunk; with
@@ -348,11 +381,16 @@ void router_topk_backward(Context& ctx, const Tensor& probs, const Tensor& topk_
     MT_CHECK(E * 4 <= 48 * 1024, "[{}] {} experts exceed the shared-memory aux-loss row", op, E);
   }
   if (!T) return;
-  launch_pdl(router_topk_bwd_kernel, warp_blocks(T), 32 * kWarpsPerBlock, aux_counts.defined() ? E * 4 : 0,
-      stream_of(ctx), probs.data<float>(), topk_idx.data<int32_t>(), dtopk_w.data<float>(),
-      dprobs_extra.defined() ? dprobs_extra.data<float>() : nullptr, normalize, T, E, static_cast<int>(k),
-      dlogits.data<float>(), aux_counts.defined() ? aux_counts.data<float>() : nullptr,
-      static_cast<double>(aux_rows), static_cast<double>(aux_coef));
+  auto launch = [&](auto kernel) {
+    launch_pdl(kernel, warp_blocks(T), 32 * kWarpsPerBlock, aux_counts.defined() ? E * 4 : 0,
+        stream_of(ctx), probs.data<float>(), topk_idx.data<int32_t>(), dtopk_w.data<float>(),
+        dprobs_extra.defined() ? dprobs_extra.data<float>() : nullptr, normalize, T, E, static_cast<int>(k),
+        dlogits.data<float>(), aux_counts.defined() ? aux_counts.data<float>() : nullptr,
+        static_cast<double>(aux_rows), static_cast<double>(aux_coef));
+  };
+  if (k <= 8 && E <= 128) launch(router_topk_bwd_kernel<4>);
+  else if (k <= 8 && E <= 256) launch(router_topk_bwd_kernel<8>);
+  else launch(router_topk_bwd_kernel<0>);
   check_launch(op);
 }
 
