@@ -85,7 +85,7 @@ __global__ void router_topk_kernel(const float* __restrict__ logits, int64_t T, 
 // the row and ten shuffles. Probabilities are non-negative, so their bits order as the floats do:
 // the picks, ties to the lower index, are the generic kernel's, and so are every sum and product
 // (row_lse's order, sum += pick in pick order, the same division). Expert e sits in lane e % 32,
-// slot e / 32.
+// slot e / 32; pick j is stored by lane j (k <= 32), once, already divided.
 template <int kPer>
 __global__ void router_topk_reg_kernel(const float* __restrict__ logits, int64_t T, int64_t E, int k, bool normalize,
                                        float* __restrict__ probs, int32_t* __restrict__ topk_idx,
@@ -116,7 +116,8 @@ __global__ void router_topk_reg_kernel(const float* __restrict__ logits, int64_t
     if (lane + 32 * i < E) p[lane + 32 * i] = v[i];
   }
   uint32_t taken = 0;
-  float sum = 0.0f;
+  float sum = 0.0f, my_w = 0.0f;  // lane j keeps pick j (k <= 32) and stores it once at the end
+  int32_t my_i = 0;
   for (int j = 0; j < k; ++j) {
     int bi = -1;
     float bp = 0.0f;
@@ -133,18 +134,21 @@ __global__ void router_topk_reg_kernel(const float* __restrict__ logits, int64_t
     const float wp = __uint_as_float(best - 1u);
     if (lane == static_cast<int>(win & 31u)) taken |= 1u << (win >> 5);
     sum += wp;
-    if (lane == 0) {
-      topk_idx[t * k + j] = static_cast<int32_t>(win);
-      topk_w[t * k + j] = wp;
+    if (lane == j) {
+      my_i = static_cast<int32_t>(win);
+      my_w = wp;
     }
   }
-  if (normalize && lane == 0)
-    for (int j = 0; j < k; ++j) topk_w[t * k + j] /= sum;
+  if (lane < k) {
+    topk_idx[t * k + lane] = my_i;
+    topk_w[t * k + lane] = normalize ? my_w / sum : my_w;
+  }
 }
 
 // aux_counts (optional): the block first forms aux_loss_bwd_kernel's row in shared memory [E].
 // kPer > 0 (E <= 32 * kPer, k <= 8): a lane keeps its experts' p and g and the row's picks in
-// registers, so the row is read once and g formed once; the same operations in the same order.
+// registers (a pick's p comes from the lane that holds it), so the row is read once and g formed
+// once; the same operations in the same order.
 template <int kPer>
 __global__ void router_topk_bwd_kernel(const float* __restrict__ probs, const int32_t* __restrict__ topk_idx,
                                        const float* __restrict__ dtopk_w, const float* __restrict__ dprobs_extra,
@@ -163,13 +167,13 @@ __global__ void router_topk_bwd_kernel(const float* __restrict__ probs, const in
   const float* p = probs + t * E;
   const int32_t* idx = topk_idx + t * k;
   const float* dw = dtopk_w + t * k;
-  // Gradient with respect to each picked probability (uniform across the warp; k is small).
-  float s = 0.0f, dot = 0.0f;
-  if (normalize) {
-    for (int j = 0; j < k; ++j) s += p[idx[j]];
-    for (int j = 0; j < k; ++j) dot += dw[j] * (p[idx[j]] / s);
-  }
   if constexpr (kPer == 0) {
+    // Gradient with respect to each picked probability (uniform across the warp; k is small).
+    float s = 0.0f, dot = 0.0f;
+    if (normalize) {
+      for (int j = 0; j < k; ++j) s += p[idx[j]];
+      for (int j = 0; j < k; ++j) dot += dw[j] * (p[idx[j]] / s);
+    }
     auto g_of = [&](int64_t e) {
       float g = dprobs_extra ? dprobs_extra[t * E + e] : 0.0f;
       if (aux_counts) g += aux_row[e];
@@ -183,25 +187,46 @@ __global__ void router_topk_bwd_kernel(const float* __restrict__ probs, const in
     for (int64_t e = lane; e < E; e += 32) dlogits[t * E + e] = p[e] * (g_of(e) - pg);
   } else {
     constexpr int kMaxK = 8;
+    float pv[kPer];
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) pv[i] = lane + 32 * i < E ? p[lane + 32 * i] : 0.0f;
+    // The picks, and their probabilities from the lanes that hold them.
     int32_t ix[kMaxK];
-    float dv[kMaxK];
+    float dv[kMaxK], pj[kMaxK];
 #pragma unroll
     for (int j = 0; j < kMaxK; ++j) {
       ix[j] = j < k ? idx[j] : -1;
       dv[j] = j < k ? dw[j] : 0.0f;
+      float held = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i)
+        if (j < k && i == (ix[j] >> 5)) held = pv[i];
+      pj[j] = __shfl_sync(0xffffffffu, held, ix[j] & 31);
     }
-    float pv[kPer], gv[kPer];
+    float s = 0.0f, dot = 0.0f;
+    if (normalize) {
+#pragma unroll
+      for (int j = 0; j < kMaxK; ++j)
+        if (j < k) s += pj[j];
+#pragma unroll
+      for (int j = 0; j < kMaxK; ++j)
+        if (j < k) dot += dv[j] * (pj[j] / s);
+    }
+    // Each pick's term, formed once per row (the generic kernel forms it per expert: the same value).
+#pragma unroll
+    for (int j = 0; j < kMaxK; ++j)
+      if (j < k && normalize) dv[j] = (dv[j] - dot) / s;
+    float gv[kPer];
     float pg = 0.0f;
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
       const int e = lane + 32 * i;
       if (e >= E) continue;
-      pv[i] = p[e];
       float g = dprobs_extra ? dprobs_extra[t * E + e] : 0.0f;
       if (aux_counts) g += aux_row[e];
 #pragma unroll
       for (int j = 0; j < kMaxK; ++j)
-        if (ix[j] == e) g += normalize ? (dv[j] - dot) / s : dv[j];
+        if (ix[j] == e) g += dv[j];
       gv[i] = g;
       pg += pv[i] * gv[i];
     }
@@ -353,8 +378,8 @@ void router_topk(Context& ctx, const Tensor& logits, int k, bool normalize, Tens
     launch_pdl(kernel, warp_blocks(T), 32 * kWarpsPerBlock, 0, stream_of(ctx), logits.data<float>(), T, E, k,
                normalize, probs.data<float>(), topk_idx.data<int32_t>(), topk_w.data<float>());
   };
-  if (E <= 128) launch(router_topk_reg_kernel<4>);
-  else if (E <= 256) launch(router_topk_reg_kernel<8>);
+  if (k <= 32 && E <= 128) launch(router_topk_reg_kernel<4>);
+  else if (k <= 32 && E <= 256) launch(router_topk_reg_kernel<8>);
   else launch(router_topk_kernel);
   check_launch(op);
 }
