@@ -198,7 +198,7 @@ void rmsnorm_forward(Context& ctx, const Tensor& x, const Tensor& w, float eps, 
     check_shape(*x_copy, {R, D}, op, "x_copy");
     check_same_dtype(*x_copy, x, op, "x_copy", "x");
     MT_CHECK(x_copy->data_ptr() != x.data_ptr() && x_copy->data_ptr() != y.data_ptr(),
-             "[{}] x_copy must be a tensor of its own", op);
+             "[{}] x_copy {} must be memory of its own, not x's or y's", op, x_copy->desc());
   }
   MT_DISPATCH(dev, rmsnorm_forward, ctx, x, w, eps, y, rstd, x_copy);
 }
