@@ -122,7 +122,26 @@ void Tensor::check_type_(size_t sz) const {
            dtype_name(dtype_));
 }
 
+// Rows with a stride of their own (a column block of a wider matrix): dim 0 keeps its size and
+// stride, and the contiguous rest of each row is viewed as shape[1..].
+Tensor Tensor::view_rows_(const Shape& shape) const {
+  MT_CHECK(dim() >= 1 && !shape.empty() && shape[0] == shape_[0],
+           "[tensor] view {} of the row-strided {} must keep dim 0", shape_str(shape), desc());
+  Tensor row = *this;
+  row.shape_.erase(row.shape_.begin());
+  row.strides_.erase(row.strides_.begin());
+  MT_CHECK(row.is_contiguous(), "[tensor] view of a non-contiguous tensor {}", desc());
+  Tensor t = *this;
+  const Shape inner = row.view(Shape(shape.begin() + 1, shape.end())).shape_;
+  t.shape_.assign(1, shape_[0]);
+  t.shape_.insert(t.shape_.end(), inner.begin(), inner.end());
+  t.strides_ = contiguous_strides(t.shape_);
+  t.strides_[0] = strides_[0];
+  return t;
+}
+
 Tensor Tensor::view(const Shape& shape) const {
+  if (!is_contiguous() && dim() >= 1 && !shape.empty() && shape[0] == shape_[0] && shape_[0] > 1) return view_rows_(shape);
   MT_CHECK(is_contiguous(), "[tensor] view of a non-contiguous tensor {}", desc());
   Shape s = shape;
   int64_t known = 1;

@@ -76,7 +76,8 @@ class Tensor {
   void* data_ptr() const;
   template <typename T> T* data() const { check_type_(sizeof(T)); return static_cast<T*>(data_ptr()); }
 
-  // Views (no copy). view() needs a contiguous tensor; one dim may be -1.
+  // Views (no copy). view() needs a contiguous tensor, or one whose rows (dim 0) have a stride of
+  // their own and are contiguous inside, viewed with dim 0 kept; one dim may be -1.
   Tensor view(const Shape& shape) const;
   Tensor slice(int dim, int64_t start, int64_t end) const;  // [start, end) along dim
   Tensor select(int dim, int64_t index) const;              // drops dim
@@ -103,6 +104,7 @@ class Tensor {
 
  private:
   void check_type_(size_t sz) const;
+  Tensor view_rows_(const Shape& shape) const;
   std::shared_ptr<Storage> storage_;
   size_t offset_ = 0;  // bytes from storage start
   Shape shape_;

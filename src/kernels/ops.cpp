@@ -45,7 +45,9 @@ struct Arg {
   const Tensor& t;
   const char* name;
 };
-enum class Layout : uint8_t { kContiguous, kRowStrided };
+// kTokenRows: [T, heads, d] whose tokens (dim 0) have a stride of their own (a column block of a
+// wider [T, n] matrix, such as q inside the fused q|k|v projection) and are contiguous inside.
+enum class Layout : uint8_t { kContiguous, kRowStrided, kTokenRows };
 
 // The device shared by the op's defined tensors; checks contiguity (or a unit-stride last dim
 // for kRowStrided) and, for CUDA tensors, that the context drives that device.
@@ -62,6 +64,12 @@ Device device_of(const Context& ctx, const char* op, std::initializer_list<Arg> 
     }
     if (layout == Layout::kContiguous) {
       MT_CHECK(a.t.is_contiguous(), "[{}] {} ({}) must be contiguous", op, a.name, a.t.desc());
+    } else if (layout == Layout::kTokenRows) {
+      const Tensor& t = a.t;
+      MT_CHECK(t.dim() == 3 && t.stride(2) == 1 && t.stride(1) == t.size(2) &&
+                   (t.size(0) <= 1 || t.stride(0) >= t.size(1) * t.size(2)),
+               "[{}] {} ({}) must be [T, heads, d] with contiguous tokens (a token stride of its own is allowed)",
+               op, a.name, t.desc());
     } else {
       MT_CHECK(a.t.dim() == 2 && (a.t.stride(1) == 1 || a.t.size(1) <= 1) &&
                    (a.t.size(0) <= 1 || a.t.stride(0) >= a.t.size(1)),
@@ -217,6 +225,15 @@ void rmsnorm_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tens
   MT_DISPATCH(dev, rmsnorm_backward, ctx, x, w, rstd, dy, dx, dw, dx_accumulate);
 }
 
+void copy_rows(Context& ctx, const Tensor& src, Tensor& dst) {
+  const char* op = "copy_rows";
+  const Device dev = device_of(ctx, op, {{src, "src"}, {dst, "dst"}}, Layout::kRowStrided);
+  check_shape(dst, src.shape(), op, "dst");
+  check_same_dtype(dst, src, op, "dst", "src");
+  if (src.numel() == 0) return;
+  MT_DISPATCH(dev, copy_rows, ctx, src, dst);
+}
+
 // ---- GEMM ----------------------------------------------------------------------------------
 void matmul(Context& ctx, const Tensor& a, Trans ta, const Tensor& b, Trans tb, Tensor& c, float alpha,
             float beta) {
@@ -262,8 +279,11 @@ void rope_backward(Context& ctx, const Tensor& dy, const Tensor& pos, float thet
 void norm_rope_forward(Context& ctx, const Tensor& x, const Tensor& w, float eps, const Tensor& pos, float theta,
                        Tensor& y, Tensor& rstd) {
   const char* op = "norm_rope_forward";
-  const Device dev = device_of(ctx, op, {{x, "x"}, {w, "w"}, {pos, "pos"}, {y, "y"}, {rstd, "rstd"}});
   expect_float(x, {-1, -1, -1}, op, "x");
+  device_of(ctx, op, {{x, "x"}}, Layout::kTokenRows);
+  const Device dev = device_of(ctx, op, {{w, "w"}, {pos, "pos"}, {y, "y"}, {rstd, "rstd"}});
+  MT_CHECK(x.device() == dev, "[{}] x is on {} but y is on {}; all tensors of one op must be on one device", op,
+           x.device().str(), dev.str());
   const int64_t T = x.size(0), heads = x.size(1), d = x.size(2);
   MT_CHECK(d % 2 == 0, "[norm_rope_forward] head dim {} must be even", d);
   expect_float(w, {d}, op, "w");
@@ -279,9 +299,16 @@ void norm_rope_forward(Context& ctx, const Tensor& x, const Tensor& w, float eps
 void norm_rope_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& pos,
                         float theta, const Tensor& dy, Tensor& dx, Tensor& dw) {
   const char* op = "norm_rope_backward";
-  const Device dev = device_of(
-      ctx, op, {{x, "x"}, {w, "w"}, {rstd, "rstd"}, {pos, "pos"}, {dy, "dy"}, {dx, "dx"}, {dw, "dw"}});
   expect_float(x, {-1, -1, -1}, op, "x");
+  expect_float(dx, x.shape(), op, "dx");
+  expect_float(dy, x.shape(), op, "dy");
+  device_of(ctx, op, {{x, "x"}, {dy, "dy"}, {dx, "dx"}}, Layout::kTokenRows);
+  const Device dev = device_of(ctx, op, {{w, "w"}, {rstd, "rstd"}, {pos, "pos"}, {dw, "dw"}});
+  MT_CHECK(x.device() == dev && dy.device() == dev && dx.device() == dev,
+           "[{}] x ({}), dy ({}) and dx ({}) must be on w's device {}", op, x.device().str(), dy.device().str(),
+           dx.device().str(), dev.str());
+  MT_CHECK(dx.data_ptr() != dy.data_ptr() || dx.strides() == dy.strides(),
+           "[{}] dx aliases dy with other strides ({} against {})", op, dx.desc(), dy.desc());
   const int64_t T = x.size(0), heads = x.size(1), d = x.size(2);
   MT_CHECK(d % 2 == 0, "[norm_rope_backward] head dim {} must be even", d);
   expect_float(w, {d}, op, "w");
@@ -318,22 +345,27 @@ void check_attention(const char* op, const Tensor& q, const Tensor& k, const Ten
 void attention_forward(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
                        const Tensor& cu_seqlens, int max_seqlen, float scale, Tensor& out, Tensor& lse) {
   const char* op = "attention_forward";
-  const Device dev = device_of(ctx, op, {{q, "q"}, {k, "k"}, {v, "v"}, {cu_seqlens, "cu_seqlens"},
-                                         {out, "out"}, {lse, "lse"}});
+  const Device dev = device_of(ctx, op, {{q, "q"}, {k, "k"}, {cu_seqlens, "cu_seqlens"}, {out, "out"}, {lse, "lse"}});
+  device_of(ctx, op, {{v, "v"}}, Layout::kTokenRows);
+  MT_CHECK(v.device() == dev, "[{}] v is on {} but q is on {}", op, v.device().str(), dev.str());
   check_attention(op, q, k, v, cu_seqlens, max_seqlen);
   check_shape(out, q.shape(), op, "out");
   check_same_dtype(out, q, op, "out", "q");
   expect(lse, {q.size(1), q.size(0)}, DType::kF32, op, "lse");
-  MT_DISPATCH(dev, attention_forward, ctx, q, k, v, cu_seqlens, max_seqlen, scale, out, lse);
+  // The CPU kernels read packed tensors; the CUDA ones take v's token stride themselves.
+  const Tensor vp = dev.is_cpu() ? v.contiguous() : v;
+  MT_DISPATCH(dev, attention_forward, ctx, q, k, vp, cu_seqlens, max_seqlen, scale, out, lse);
 }
 
 void attention_backward(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                         const Tensor& lse, const Tensor& dout, const Tensor& cu_seqlens, int max_seqlen,
                         float scale, Tensor& dq, Tensor& dk, Tensor& dv) {
   const char* op = "attention_backward";
-  const Device dev = device_of(ctx, op, {{q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}, {lse, "lse"},
-                                         {dout, "dout"}, {cu_seqlens, "cu_seqlens"}, {dq, "dq"},
-                                         {dk, "dk"}, {dv, "dv"}});
+  const Device dev = device_of(ctx, op, {{q, "q"}, {k, "k"}, {out, "out"}, {lse, "lse"}, {dout, "dout"},
+                                         {cu_seqlens, "cu_seqlens"}});
+  device_of(ctx, op, {{v, "v"}, {dq, "dq"}, {dk, "dk"}, {dv, "dv"}}, Layout::kTokenRows);
+  MT_CHECK(v.device() == dev && dq.device() == dev && dk.device() == dev && dv.device() == dev,
+           "[{}] v, dq, dk and dv must be on q's device {}", op, dev.str());
   check_attention(op, q, k, v, cu_seqlens, max_seqlen);
   expect_float(out, q.shape(), op, "out");
   expect(lse, {q.size(1), q.size(0)}, DType::kF32, op, "lse");
@@ -341,7 +373,25 @@ void attention_backward(Context& ctx, const Tensor& q, const Tensor& k, const Te
   expect_float(dq, q.shape(), op, "dq");
   expect_float(dk, k.shape(), op, "dk");
   expect_float(dv, k.shape(), op, "dv");
-  MT_DISPATCH(dev, attention_backward, ctx, q, k, v, out, lse, dout, cu_seqlens, max_seqlen, scale, dq, dk, dv);
+  if (dev.is_cuda()) {  // the CUDA kernels take the token strides of v, dq, dk, dv themselves
+    MT_DISPATCH(dev, attention_backward, ctx, q, k, v, out, lse, dout, cu_seqlens, max_seqlen, scale, dq, dk, dv);
+    return;
+  }
+  // The CPU kernels read and write packed tensors.
+  auto packed_out = [](Tensor& t) {
+    return t.is_contiguous() ? t : Tensor::empty(t.shape(), t.dtype(), t.device(), MemCategory::kWorkspace);
+  };
+  const Tensor vp = v.contiguous();
+  Tensor dqp = packed_out(dq), dkp = packed_out(dk), dvp = packed_out(dv);
+  {
+    const ProfileScope scope(ctx, "attention_backward");
+    cpu::attention_backward(ctx, q, k, vp, out, lse, dout, cu_seqlens, max_seqlen, scale, dqp, dkp, dvp);
+  }
+  for (auto [buf, dst] : {std::pair<Tensor*, Tensor*>{&dqp, &dq}, {&dkp, &dk}, {&dvp, &dv}}) {
+    if (buf->data_ptr() == dst->data_ptr()) continue;
+    Tensor to = dst->view({dst->size(0), dst->size(1) * dst->size(2)});
+    copy_rows(ctx, buf->view({to.size(0), to.size(1)}), to);
+  }
 }
 
 // ---- SwiGLU --------------------------------------------------------------------------------

@@ -23,6 +23,9 @@ namespace moetrain::ops {
 
 // ---- utilities -----------------------------------------------------------------------------
 void cast(Context& ctx, const Tensor& src, Tensor& dst);       // same numel, float dtypes
+// dst = src for 2-D matrices with unit-stride rows and row strides of their own (column blocks of
+// wider matrices); same shape and dtype.
+void copy_rows(Context& ctx, const Tensor& src, Tensor& dst);
 void add_(Context& ctx, Tensor& y, const Tensor& x, float alpha = 1.0f);  // y += alpha * x
 void scale_(Context& ctx, Tensor& y, float alpha);             // y *= alpha
 double sum_squares(Context& ctx, const Tensor& x);             // sum x^2 in fp64 (for norms)
@@ -70,6 +73,8 @@ void rope_backward(Context& ctx, const Tensor& dy /*[T,heads,d]*/, const Tensor&
                    float theta, Tensor& dx /*[T,heads,d]*/);
 
 // ---- Qwen3's q/k path fused: per-head RMSNorm over d, then RoPE -----------------------------
+// x (and, backward, dx) may be a column block of a wider [T, n] matrix: [T, heads, d] with a token
+// stride of its own (the fused q|k|v projection's output); the other tensors are contiguous.
 // y = rope(rmsnorm(x, w, eps), pos); rstd [T*heads] as rmsnorm_forward's. The normed value is
 // rounded to x's dtype before the rotation, as the two ops in sequence store it, so the result
 // has the bits of rmsnorm_forward then rope_forward (on the CPU it is that pair).

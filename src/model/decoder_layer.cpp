@@ -13,12 +13,18 @@
 
 #include <cmath>
 
+#include "core/env.h"
 #include "core/profiler.h"
 #include "kernels/ops.h"
 
 namespace moetrain {
 
 using ops::Trans;
+
+namespace {
+QkvFusion& qkv_fusion_setting();
+}  // namespace
+void set_qkv_fusion(QkvFusion q) { qkv_fusion_setting() = q; }
 
 Tensor act_empty(const Shape& shape, DType dtype, Device dev) {
   return Tensor::empty(shape, dtype, dev, MemCategory::kActivations);
@@ -34,6 +40,34 @@ Tensor linear(Context& ctx, const Tensor& x, const Tensor& w, DType dt, Device d
   Tensor y = act_empty({x.size(0), w.size(0)}, dt, dev);
   ops::matmul(ctx, x, Trans::kNo, w, Trans::kYes, y);
   return y;
+}
+
+QkvFusion& qkv_fusion_setting() {
+  static QkvFusion q = [] {
+    const long v = env_int("MT_QKV_FUSED", -1);
+    return v == 0 ? QkvFusion::kNever : v == 1 ? QkvFusion::kAlways : QkvFusion::kCuda;
+  }();
+  return q;
+}
+
+// The [q; k; v] weight (or gradient) when q_proj, k_proj and v_proj are still its row blocks (as
+// ModelParams::allocate makes them) and the setting allows it, else undefined: the layer then runs
+// three GEMMs each way.
+Tensor fused_qkv(const LayerParams& p) {
+  const Tensor& f = p.qkv_proj;
+  const QkvFusion q = qkv_fusion_setting();
+  if (q == QkvFusion::kNever || !f.defined() || (q == QkvFusion::kCuda && !f.device().is_cuda()) ||
+      !p.q_proj.defined() || !p.k_proj.defined() || !p.v_proj.defined() || f.dim() != 2 || !f.is_contiguous())
+    return {};
+  const int64_t nq = p.q_proj.size(0), nk = p.k_proj.size(0), nv = p.v_proj.size(0);
+  const size_t row = static_cast<size_t>(f.size(1)) * f.element_size();
+  const char* base = static_cast<const char*>(f.data_ptr());
+  for (const Tensor* t : {&p.q_proj, &p.k_proj, &p.v_proj})
+    if (t->dtype() != f.dtype() || t->dim() != 2 || t->size(1) != f.size(1) || !t->is_contiguous()) return {};
+  if (f.size(0) != nq + nk + nv || p.q_proj.data_ptr() != base || p.k_proj.data_ptr() != base + nq * row ||
+      p.v_proj.data_ptr() != base + (nq + nk) * row)
+    return {};
+  return f;
 }
 
 Tensor to_dtype(Context& ctx, const Tensor& t, DType dt) {
@@ -83,9 +117,18 @@ void attention_forward_part(Context& ctx, const ModelConfig& cfg, const LayerPar
 
   {  // the projections' cuBLAS time, apart in `moetrain bench --profile` (regions)
     const ProfileScope region(ctx, "proj_qkv_fwd", ProfileKind::kRegion);
-    s.q_raw = linear(ctx, s.a, w.q_proj, dt, dev).view({T, nh, d});
-    s.k_raw = linear(ctx, s.a, w.k_proj, dt, dev).view({T, nkv, d});
-    s.v = linear(ctx, s.a, w.v_proj, dt, dev).view({T, nkv, d});
+    const Tensor wqkv = fused_qkv(w);
+    if (wqkv.defined()) {  // one GEMM; q_raw, k_raw and v are column blocks of its [T, (nh + 2 nkv) d] output
+      const Tensor qkv = linear(ctx, s.a, wqkv, dt, dev);
+      const int64_t nq = nh * d, nk = nkv * d;
+      s.q_raw = qkv.slice(1, 0, nq).view({T, nh, d});
+      s.k_raw = qkv.slice(1, nq, nq + nk).view({T, nkv, d});
+      s.v = qkv.slice(1, nq + nk, nq + 2 * nk).view({T, nkv, d});
+    } else {
+      s.q_raw = linear(ctx, s.a, w.q_proj, dt, dev).view({T, nh, d});
+      s.k_raw = linear(ctx, s.a, w.k_proj, dt, dev).view({T, nkv, d});
+      s.v = linear(ctx, s.a, w.v_proj, dt, dev).view({T, nkv, d});
+    }
   }
   s.q_rstd = act_empty({T * nh}, DType::kF32, dev);
   s.k_rstd = act_empty({T * nkv}, DType::kF32, dev);
@@ -226,27 +269,39 @@ void attention_backward_part(Context& ctx, const ModelConfig& cfg, const LayerPa
     ops::matmul(ctx, dh, Trans::kYes, s.attn.view({T, nh * d}), Trans::kNo, g.o_proj, 1.0f, gb);  // [H,T] x [T,nh*d]
   }
 
-  Tensor dq = work_empty({T, nh, d}, dt, dev), dk = work_empty({T, nkv, d}, dt, dev);
-  Tensor dv = work_empty({T, nkv, d}, dt, dev);
+  // With the fused projection, dq, dk and dv are column blocks of one [T, (nh + 2 nkv) d] gradient.
+  const Tensor wqkv = fused_qkv(w), gqkv = fused_qkv(g);
+  const bool fused = wqkv.defined() && gqkv.defined();
+  const int64_t nq = nh * d, nk = nkv * d;
+  Tensor dqkv = fused ? work_empty({T, nq + 2 * nk}, dt, dev) : Tensor();
+  Tensor dq = fused ? dqkv.slice(1, 0, nq).view({T, nh, d}) : work_empty({T, nh, d}, dt, dev);
+  Tensor dk = fused ? dqkv.slice(1, nq, nq + nk).view({T, nkv, d}) : work_empty({T, nkv, d}, dt, dev);
+  Tensor dv = fused ? dqkv.slice(1, nq + nk, nq + 2 * nk).view({T, nkv, d}) : work_empty({T, nkv, d}, dt, dev);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   ops::attention_backward(ctx, s.q, s.k, s.v, s.attn, s.lse, dattn.view({T, nh, d}), batch.cu_seqlens,
                           batch.max_seqlen, scale, dq, dk, dv);
   dattn = Tensor();
 
   // RoPE backward, then the per-head norms (one op each), in place: dq, dk become the raw gradients.
-  ops::norm_rope_backward(ctx, s.q_raw.view({T, nh, d}), w.q_norm, s.q_rstd, batch.positions, theta, dq, dq, g.q_norm);
-  ops::norm_rope_backward(ctx, s.k_raw.view({T, nkv, d}), w.k_norm, s.k_rstd, batch.positions, theta, dk, dk, g.k_norm);
+  ops::norm_rope_backward(ctx, s.q_raw, w.q_norm, s.q_rstd, batch.positions, theta, dq, dq, g.q_norm);
+  ops::norm_rope_backward(ctx, s.k_raw, w.k_norm, s.k_rstd, batch.positions, theta, dk, dk, g.k_norm);
 
-  Tensor dq2 = dq.view({T, nh * d}), dk2 = dk.view({T, nkv * d}), dv2 = dv.view({T, nkv * d});
   Tensor da = work_empty({T, H}, dt, dev);
   {
     const ProfileScope region(ctx, "proj_qkv_bwd", ProfileKind::kRegion);
-    ops::matmul(ctx, dq2, Trans::kNo, w.q_proj, Trans::kNo, da);                   // [T,nh*d] x [nh*d,H]
-    ops::matmul(ctx, dk2, Trans::kNo, w.k_proj, Trans::kNo, da, 1.0f, 1.0f);
-    ops::matmul(ctx, dv2, Trans::kNo, w.v_proj, Trans::kNo, da, 1.0f, 1.0f);
-    ops::matmul(ctx, dq2, Trans::kYes, s.a, Trans::kNo, g.q_proj, 1.0f, gb);     // [nh*d,T] x [T,H]
-    ops::matmul(ctx, dk2, Trans::kYes, s.a, Trans::kNo, g.k_proj, 1.0f, gb);
-    ops::matmul(ctx, dv2, Trans::kYes, s.a, Trans::kNo, g.v_proj, 1.0f, gb);
+    if (fused) {
+      ops::matmul(ctx, dqkv, Trans::kNo, wqkv, Trans::kNo, da);  // [T,(nh+2nkv)d] x [(nh+2nkv)d,H]
+      Tensor gw = gqkv;
+      ops::matmul(ctx, dqkv, Trans::kYes, s.a, Trans::kNo, gw, 1.0f, gb);
+    } else {
+      Tensor dq2 = dq.view({T, nq}), dk2 = dk.view({T, nk}), dv2 = dv.view({T, nk});
+      ops::matmul(ctx, dq2, Trans::kNo, w.q_proj, Trans::kNo, da);                   // [T,nh*d] x [nh*d,H]
+      ops::matmul(ctx, dk2, Trans::kNo, w.k_proj, Trans::kNo, da, 1.0f, 1.0f);
+      ops::matmul(ctx, dv2, Trans::kNo, w.v_proj, Trans::kNo, da, 1.0f, 1.0f);
+      ops::matmul(ctx, dq2, Trans::kYes, s.a, Trans::kNo, g.q_proj, 1.0f, gb);     // [nh*d,T] x [T,H]
+      ops::matmul(ctx, dk2, Trans::kYes, s.a, Trans::kNo, g.k_proj, 1.0f, gb);
+      ops::matmul(ctx, dv2, Trans::kYes, s.a, Trans::kNo, g.v_proj, 1.0f, gb);
+    }
   }
 
   // residual: d(input) = d(h) + d(norm path), added by the norm's backward

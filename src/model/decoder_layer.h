@@ -53,6 +53,13 @@ struct RouterLossGrad {
   float z_scale = 0.0f;     // d(loss)/d(sum_t lse_t^2) for this layer (0: no z-loss)
 };
 
+// When a layer runs its q, k and v projections as one GEMM each way (over LayerParams::qkv_proj,
+// with q, k, v and their gradients as column blocks of one [T, (nh + 2 nkv) d] tensor): kCuda (the
+// default) on CUDA tensors only, so the CPU reference keeps its three GEMMs and packed tensors;
+// MT_QKV_FUSED=0 / 1 pick kNever / kAlways at start-up. The two differ only in rounding order.
+enum class QkvFusion { kCuda, kAlways, kNever };
+void set_qkv_fusion(QkvFusion q);
+
 struct LayerSettings {
   bool z_loss = false;      // compute and save router logsumexp
 };

@@ -110,9 +110,10 @@ ModelParams ModelParams::allocate(const ModelConfig& cfg, DType other, DType mat
     LayerParams& L = p.layers[static_cast<size_t>(l)];
     L.sparse = cfg.is_sparse_layer(l);
     L.input_norm = mk({H});
-    L.q_proj = mk({nh * d, H});
-    L.k_proj = mk({nkv * d, H});
-    L.v_proj = mk({nkv * d, H});
+    L.qkv_proj = mk({(nh + 2 * nkv) * d, H});
+    L.q_proj = L.qkv_proj.slice(0, 0, nh * d);
+    L.k_proj = L.qkv_proj.slice(0, nh * d, (nh + nkv) * d);
+    L.v_proj = L.qkv_proj.slice(0, (nh + nkv) * d, (nh + 2 * nkv) * d);
     L.o_proj = mk({H, nh * d});
     L.q_norm = mk({d});
     L.k_norm = mk({d});

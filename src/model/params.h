@@ -26,6 +26,10 @@ struct LayerParams {
   Tensor q_proj;       // [nh*d, H]
   Tensor k_proj;       // [nkv*d, H]
   Tensor v_proj;       // [nkv*d, H]
+  // [(nh + 2 nkv) d, H]: ModelParams::allocate makes q_proj, k_proj and v_proj its row blocks, so a
+  // layer runs the three projections (and their gradients) as one GEMM each way. Not a parameter
+  // of its own (for_each does not visit it); the layer checks that the blocks are still its rows.
+  Tensor qkv_proj;
   Tensor o_proj;       // [H, nh*d]
   Tensor q_norm;       // [d]
   Tensor k_norm;       // [d]

@@ -233,9 +233,13 @@ int layer_forward(Trace& t, const Dims& d, const TraceShape& s, bool sparse, int
   A(T * d.H * dt, "a (input RMSNorm out) [T,H]", true);
   A(T * 4, "rstd_in [T] f32", false);
   A(T * d.H * dt, "h (x, then + attention out: the residual) [T,H]", false);
-  A(T * d.qw * dt, "q_raw [T,nh*d]", false);
-  A(T * d.kvw * dt, "k_raw [T,nkv*d]", false);
-  A(T * d.kvw * dt, "v [T,nkv*d]", false);
+  if (s.on_cuda) {  // one GEMM over LayerParams::qkv_proj (decoder_layer.h, QkvFusion::kCuda)
+    A(T * (d.qw + 2 * d.kvw) * dt, "q_raw | k_raw | v (the fused projection's output) [T,(nh+2nkv)*d]", false);
+  } else {
+    A(T * d.qw * dt, "q_raw [T,nh*d]", false);
+    A(T * d.kvw * dt, "k_raw [T,nkv*d]", false);
+    A(T * d.kvw * dt, "v [T,nkv*d]", false);
+  }
   A(T * d.nh * 4, "q_rstd [T*nh] f32", false);
   A(T * d.nkv * 4, "k_rstd [T*nkv] f32", false);
   qk_norm_rope(t, d, s, A);
@@ -357,7 +361,12 @@ void layer_backward(Trace& t, const ModelConfig& c, const Dims& d, const TraceSh
   t.free(db);
   // attention_backward_part
   const int dattn = W(T * d.qw * dt, "dattn");
-  const int dq = W(T * d.qw * dt, "dq"), dk = W(T * d.kvw * dt, "dk"), dv = W(T * d.kvw * dt, "dv");
+  std::vector<int> dqkv;  // one [T,(nh+2nkv)*d] gradient with the fused projection (on CUDA), else three
+  if (s.on_cuda) {
+    dqkv.push_back(W(T * (d.qw + 2 * d.kvw) * dt, "dq | dk | dv"));
+  } else {
+    dqkv = {W(T * d.qw * dt, "dq"), W(T * d.kvw * dt, "dk"), W(T * d.kvw * dt, "dv")};
+  }
   attention_bwd_scratch(t, c, d, s);
   t.free(dattn);
   // norm_rope_backward, q then k, into dq and dk (a temporary for the rotated gradient when not fused)
@@ -368,7 +377,8 @@ void layer_backward(Trace& t, const ModelConfig& c, const Dims& d, const TraceSh
   }
   const int da = W(T * d.H * dt, "da");
   rmsnorm_bwd_scratch(t, s, T, d.H, dt, true);  // adds into dh: no dx
-  for (int id : {da, dq, dk, dv}) t.free(id);
+  t.free(da);
+  for (int id : dqkv) t.free(id);
 }
 
 struct ForwardState {

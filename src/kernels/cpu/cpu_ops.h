@@ -27,6 +27,7 @@ void require_f32(const char* op, std::initializer_list<Named> tensors);
 
 // ---- utilities (utilities.cpp) --------------------------------------------------------------
 void cast(Context& ctx, const Tensor& src, Tensor& dst);
+void copy_rows(Context& ctx, const Tensor& src, Tensor& dst);
 void add_(Context& ctx, Tensor& y, const Tensor& x, float alpha);
 void scale_(Context& ctx, Tensor& y, float alpha);
 double sum_squares(Context& ctx, const Tensor& x);

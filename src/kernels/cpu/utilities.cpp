@@ -27,6 +27,17 @@ void require_f32(const char* op, std::initializer_list<Named> tensors) {
   for (const Named& n : tensors) require_f32(n.t, op, n.name);
 }
 
+void copy_rows(Context& ctx, const Tensor& src, Tensor& dst) {
+  const int64_t rows = src.size(0), row_bytes = src.size(1) * static_cast<int64_t>(src.element_size());
+  const char* s = static_cast<const char*>(src.data_ptr());
+  char* d = static_cast<char*>(dst.data_ptr());
+  const int64_t ss = src.stride(0) * static_cast<int64_t>(src.element_size());
+  const int64_t ds = dst.stride(0) * static_cast<int64_t>(dst.element_size());
+  parallel_for(ctx, rows, std::max<int64_t>(1, kElemGrain / std::max<int64_t>(src.size(1), 1)), [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) std::memcpy(d + r * ds, s + r * ss, static_cast<size_t>(row_bytes));
+  });
+}
+
 void cast(Context& ctx, const Tensor& src, Tensor& dst) {
   const int64_t n = src.numel();
   const DType sd = src.dtype(), dd = dst.dtype();

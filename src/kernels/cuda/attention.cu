@@ -340,13 +340,31 @@ void set_smem(K kernel, size_t bytes) {
     MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
+// A packed copy of a [T, heads, d] tensor whose tokens have a stride of their own, or t itself.
+Tensor packed(Context& ctx, const Tensor& t) {
+  if (t.is_contiguous()) return t;
+  Tensor p = Tensor::empty(t.shape(), t.dtype(), t.device(), MemCategory::kWorkspace);
+  Tensor dst = p.view({t.size(0), t.size(1) * t.size(2)});
+  copy_rows(ctx, t.view({t.size(0), t.size(1) * t.size(2)}), dst);
+  return p;
+}
+int64_t token_stride(const Tensor& t) { return t.is_contiguous() ? 0 : t.stride(0); }
+void attention_backward_packed_(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                const Tensor& lse, const Tensor& dout, const Tensor& cu_seqlens, float scale,
+                                Tensor& dq, Tensor& dk, Tensor& dv);
+
 }  // namespace
 
 // cu_seqlens is trusted to be well formed (first 0, non-decreasing, last T): the kernels read it
 // on the device and do not synchronize to check it; the CPU path checks. max_seqlen is unused.
-void attention_forward(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,
+// v (and backward's dq, dk, dv) may have a token stride of their own (the fused q|k|v projection's
+// column blocks): the sm90 kernels read and write them in place, the others through packed copies.
+void attention_forward(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v_in, const Tensor& cu_seqlens,
                        int max_seqlen, float scale, Tensor& out, Tensor& lse) {
   const char* op = "attention_forward";
+  const bool keep = q.dtype() == DType::kBF16 && flash_attention_supported(q.size(2), {v_in.data_ptr()}) &&
+                    flash_attention_strided_ok(ctx, {token_stride(v_in)});
+  const Tensor v = keep ? v_in : packed(ctx, v_in);
   const Dims D = make_dims(q, k, v, cu_seqlens, scale, op);
   need_cuda(out, op, "out");
   need_cuda(lse, op, "lse");
@@ -357,10 +375,12 @@ void attention_forward(Context& ctx, const Tensor& q, const Tensor& k, const Ten
   if (!D.T || !D.nh) return;
   if (q.dtype() == DType::kBF16 &&
       flash_attention_supported(D.d, {q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()})) {
-    flash_attention_forward(ctx, flash_problem(q, k, v, cu_seqlens, D), static_cast<__nv_bfloat16*>(out.data_ptr()),
-                            lse.data<float>());
+    FlashAttnProblem fp = flash_problem(q, k, v, cu_seqlens, D);
+    fp.v_row = token_stride(v);
+    flash_attention_forward(ctx, fp, static_cast<__nv_bfloat16*>(out.data_ptr()), lse.data<float>());
     return;
   }
+  MT_CHECK(v.is_contiguous(), "[{}] internal: a strided v reached the packed kernels", op);
   const size_t smem = (2 * kTile * (D.d + 1) + kRows * D.d) * sizeof(float);
   const dim3 grid(static_cast<unsigned>((D.T + kRows - 1) / kRows), static_cast<unsigned>(D.nh));
   MT_CUDA_DISPATCH(q.dtype(), T, op,
@@ -372,9 +392,34 @@ void attention_forward(Context& ctx, const Tensor& q, const Tensor& k, const Ten
   check_launch(op);
 }
 
-void attention_backward(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+void attention_backward(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v_in, const Tensor& out,
                         const Tensor& lse, const Tensor& dout, const Tensor& cu_seqlens, int max_seqlen,
-                        float scale, Tensor& dq, Tensor& dk, Tensor& dv) {
+                        float scale, Tensor& dq_out, Tensor& dk_out, Tensor& dv_out) {
+  const char* op = "attention_backward";
+  const bool keep =
+      q.dtype() == DType::kBF16 &&
+      flash_attention_supported(q.size(2), {v_in.data_ptr(), dq_out.data_ptr(), dk_out.data_ptr(), dv_out.data_ptr()}) &&
+      flash_attention_strided_ok(ctx, {token_stride(v_in), token_stride(dq_out), token_stride(dk_out),
+                                       token_stride(dv_out)});
+  const Tensor v = keep ? v_in : packed(ctx, v_in);
+  auto out_buf = [&](Tensor& t) {
+    return keep || t.is_contiguous() ? t : Tensor::empty(t.shape(), t.dtype(), t.device(), MemCategory::kWorkspace);
+  };
+  Tensor dq = out_buf(dq_out), dk = out_buf(dk_out), dv = out_buf(dv_out);
+  attention_backward_packed_(ctx, q, k, v, out, lse, dout, cu_seqlens, scale, dq, dk, dv);
+  for (auto [buf, dst] : {std::pair<Tensor*, Tensor*>{&dq, &dq_out}, {&dk, &dk_out}, {&dv, &dv_out}}) {
+    if (buf->data_ptr() == dst->data_ptr()) continue;
+    const int64_t T = dst->size(0), w = dst->size(1) * dst->size(2);
+    Tensor to = dst->view({T, w});
+    copy_rows(ctx, buf->view({T, w}), to);
+  }
+  (void)max_seqlen;
+}
+
+namespace {
+void attention_backward_packed_(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                const Tensor& lse, const Tensor& dout, const Tensor& cu_seqlens, float scale,
+                                Tensor& dq, Tensor& dk, Tensor& dv) {
   const char* op = "attention_backward";
   const Dims D = make_dims(q, k, v, cu_seqlens, scale, op);
   need_cuda(out, op, "out");
@@ -397,7 +442,12 @@ void attention_backward(Context& ctx, const Tensor& q, const Tensor& k, const Te
       flash_attention_supported(D.d, {q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), dout.data_ptr(),
                                       dq.data_ptr(), dk.data_ptr(), dv.data_ptr()})) {
     using bf = __nv_bfloat16;
-    flash_attention_backward(ctx, flash_problem(q, k, v, cu_seqlens, D), static_cast<const bf*>(out.data_ptr()),
+    FlashAttnProblem fp = flash_problem(q, k, v, cu_seqlens, D);
+    fp.v_row = token_stride(v);
+    fp.dq_row = token_stride(dq);
+    fp.dk_row = token_stride(dk);
+    fp.dv_row = token_stride(dv);
+    flash_attention_backward(ctx, fp, static_cast<const bf*>(out.data_ptr()),
                              lse.data<float>(), static_cast<const bf*>(dout.data_ptr()),
                              static_cast<bf*>(dq.data_ptr()), static_cast<bf*>(dk.data_ptr()),
                              static_cast<bf*>(dv.data_ptr()));
@@ -411,6 +461,8 @@ void attention_backward(Context& ctx, const Tensor& q, const Tensor& k, const Te
   const dim3 grid_q(static_cast<unsigned>((D.T + kRows - 1) / kRows), static_cast<unsigned>(D.nh));
   const dim3 grid_kv(static_cast<unsigned>((D.T + kRows - 1) / kRows), static_cast<unsigned>(D.nkv));
   const unsigned dot_blocks = static_cast<unsigned>((D.T * D.nh + 7) / 8);
+  MT_CHECK(v.is_contiguous() && dq.is_contiguous() && dk.is_contiguous() && dv.is_contiguous(),
+           "[{}] internal: a strided tensor reached the packed kernels", op);
   MT_CUDA_DISPATCH(q.dtype(), T, op,
     const T* qp = static_cast<const T*>(q.data_ptr());
     const T* kp = static_cast<const T*>(k.data_ptr());
@@ -425,5 +477,7 @@ void attention_backward(Context& ctx, const Tensor& q, const Tensor& k, const Te
         cu_seqlens.data<int32_t>(), D, static_cast<T*>(dk.data_ptr()), static_cast<T*>(dv.data_ptr())));
   check_launch(op);
 }
+
+}  // namespace
 
 }  // namespace moetrain::cuda

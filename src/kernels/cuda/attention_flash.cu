@@ -41,6 +41,10 @@ bool flash_attention_supported(int64_t d, std::initializer_list<const void*> ptr
   return true;
 }
 
+bool flash_attention_strided_ok(const Context& ctx, std::initializer_list<int64_t> strides) {
+  return flash::strided_ok(arch_of(ctx), strides);
+}
+
 void flash_attention_forward(Context& ctx, const FlashAttnProblem& p, __nv_bfloat16* out, float* lse) {
   check(flash::forward(p, out, lse, arch_of(ctx), stream_of(ctx)), "attention_forward");
 }

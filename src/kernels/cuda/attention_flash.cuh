@@ -14,6 +14,8 @@ namespace moetrain::cuda {
 
 // Head dim 64 or 128 and every pointer 16-byte aligned.
 bool flash_attention_supported(int64_t d, std::initializer_list<const void*> ptrs);
+// Whether this device's kernels take token strides other than packed (FlashAttnProblem::v_row etc.).
+bool flash_attention_strided_ok(const Context& ctx, std::initializer_list<int64_t> strides);
 // out [T, nh, d] bf16, lse [nh, T] f32 (natural log of the scaled scores' sum of exponentials).
 void flash_attention_forward(Context& ctx, const FlashAttnProblem& p, __nv_bfloat16* out, float* lse);
 // dq [T, nh, d], dk/dv [T, nkv, d] bf16; bitwise deterministic unless MT_ATTN_NONDETERMINISTIC=1

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 
@@ -65,6 +66,9 @@ inline FlashArgs base_args(const FlashAttnProblem& p) {
   a.group = p.nh / p.nkv;
   a.ndocs = p.ndocs;
   a.scale = p.scale;
+  a.dq_row = p.dq_row ? p.dq_row : p.nh * p.d;
+  a.dk_row = p.dk_row ? p.dk_row : p.nkv * p.d;
+  a.dv_row = p.dv_row ? p.dv_row : p.nkv * p.d;
   return a;
 }
 
@@ -95,13 +99,15 @@ inline TmaEncode tma_encoder() {
   }();
   return fn;
 }
-// Map of x [T][heads][d] bf16 with boxes of 64 columns x 1 head x `rows` rows, 128B swizzle, rows
-// past T read as zero. False if it cannot be made (the caller falls back to the sm80 kernels).
-inline bool tma_map(CUtensorMap* m, const void* x, int64_t T, int64_t heads, int64_t d, int rows) {
+// Map of x [T][heads][d] bf16 (tokens `tok` elements apart; 0: heads * d) with boxes of 64 columns x
+// 1 head x `rows` rows, 128B swizzle, rows past T read as zero. False if it cannot be made (the caller
+// falls back to the sm80 kernels).
+inline bool tma_map(CUtensorMap* m, const void* x, int64_t T, int64_t heads, int64_t d, int rows, int64_t tok = 0) {
   const TmaEncode enc = tma_encoder();
-  if (enc == nullptr || (reinterpret_cast<uintptr_t>(x) & 15) != 0 || T <= 0) return false;
+  if (tok == 0) tok = heads * d;
+  if (enc == nullptr || (reinterpret_cast<uintptr_t>(x) & 15) != 0 || T <= 0 || (tok * 2) % 16 != 0) return false;
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(d), static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(T)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(d * 2), static_cast<cuuint64_t>(heads * d * 2)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(d * 2), static_cast<cuuint64_t>(tok * 2)};
   const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(rows)}, estr[3] = {1, 1, 1};
   return enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(x), dims, strides, box, estr,
              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
@@ -124,8 +130,9 @@ cudaError_t forward_d(const FlashAttnProblem& p, bf16* out, float* lse, Arch arc
   a.lse_out = lse;
   CUtensorMap mq, mk, mv;
   if (arch == Arch::kSm90 && tma_map(&mq, p.q, p.T, p.nh, kD, kWgBM) && tma_map(&mk, p.k, p.T, p.nkv, kD, kWsKeys) &&
-      tma_map(&mv, p.v, p.T, p.nkv, kD, kWsKeys))
+      tma_map(&mv, p.v, p.T, p.nkv, kD, kWsKeys, p.v_row))
     return sm90_knobs().fwd_stages == 3 ? forward_ws<kD, 3>(a, mq, mk, mv, s) : forward_ws<kD, 2>(a, mq, mk, mv, s);
+  if (p.v_row != 0 && p.v_row != p.nkv * p.d) return cudaErrorInvalidValue;  // strided_ok() was not asked
   const size_t smem = (kFwdBM + 4 * kBN) * kD * 2;
   MT_FLASH_TRY(set_smem(attn_fwd_mma_kernel<kD>, smem));
   const dim3 grid(static_cast<unsigned>((p.T + kFwdBM - 1) / kFwdBM), static_cast<unsigned>(p.nh));
@@ -140,6 +147,14 @@ inline cudaError_t forward(const FlashAttnProblem& p, bf16* out, float* lse, Arc
 // The fused sm90 backward runs where the TMA encoder exists; a pointer it cannot map still falls back
 // to the sm80 kernels, in the same workspace.
 inline bool fused_backward(Arch arch) { return arch == Arch::kSm90 && tma_encoder() != nullptr; }
+// Whether a problem's token strides (v_row, dq_row, dk_row, dv_row) may be other than packed: the sm90
+// kernels take them when every pointer is 16-byte aligned and every stride a multiple of 8 elements.
+inline bool strided_ok(Arch arch, std::initializer_list<int64_t> strides) {
+  if (!fused_backward(arch)) return false;
+  for (const int64_t s : strides)
+    if (s % 8 != 0) return false;
+  return true;
+}
 // Number of head splits of the dK/dV grid: the group's heads are divided over CTAs until the grid
 // has about 4 CTAs per SM (sm80, 64 keys per CTA) or the sm90 knob's count (128 keys per CTA). The
 // sm90 grid starts at two heads per CTA (a CTA loads its K/V tile once for both, and there are half
@@ -227,8 +242,11 @@ cudaError_t backward_d(const FlashAttnProblem& p, const bf16* o, const float* ls
   a.dq = dq;
   CUtensorMap m[4];  // q, k, v, dO
   const bool fused = fused_backward(arch) && tma_map(&m[0], p.q, p.T, p.nh, kD, kWgBN) &&
-                     tma_map(&m[1], p.k, p.T, p.nkv, kD, kWgBM) && tma_map(&m[2], p.v, p.T, p.nkv, kD, kWgBM) &&
-                     tma_map(&m[3], dout, p.T, p.nh, kD, kWgBN);
+                     tma_map(&m[1], p.k, p.T, p.nkv, kD, kWgBM) &&
+                     tma_map(&m[2], p.v, p.T, p.nkv, kD, kWgBM, p.v_row) && tma_map(&m[3], dout, p.T, p.nh, kD, kWgBN);
+  const auto packed = [](int64_t row, int64_t heads) { return row == 0 || row == heads * kD; };
+  if (!fused && !(packed(p.v_row, p.nkv) && packed(p.dq_row, p.nh) && packed(p.dk_row, p.nkv) && packed(p.dv_row, p.nkv)))
+    return cudaErrorInvalidValue;  // strided_ok() was not asked
   const BwdWorkspace w = backward_workspace(p, fused ? Arch::kSm90 : Arch::kSm80, sm_count);
   const int64_t splits = w.splits;
   a.heads_per_cta = static_cast<int>(a.group / splits);

@@ -15,6 +15,10 @@ struct FlashAttnProblem {
   int64_t T, nh, nkv, d;
   int ndocs;
   float scale;
+  // Token strides in elements; 0: packed ([T, heads, d]). Only the sm90 kernels take others (v read
+  // through its TMA map, dq / dk / dv written by the backward's finish kernel): the fused q|k|v
+  // projection's column blocks. flash::strided_ok says when.
+  int64_t v_row = 0, dq_row = 0, dk_row = 0, dv_row = 0;
 };
 
 }  // namespace moetrain::cuda

@@ -39,6 +39,7 @@ struct FlashArgs {
   int ndocs, heads_per_cta;
   int deterministic;  // sm90 fused backward: 1 adds dQ partials in key-block order, 0 in any order
   float scale;
+  int64_t dq_row, dk_row, dv_row;  // sm90 finish kernel: token strides of dq, dk, dv (elements)
 };
 
 __device__ __forceinline__ int doc_of(const int32_t* __restrict__ cu, int ndocs, int64_t t) {

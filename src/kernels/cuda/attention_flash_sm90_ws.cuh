@@ -537,16 +537,17 @@ __global__ void attn_bwd_finish_kernel(FlashArgs a, int splits, bf16* __restrict
       ok.y = pack_bf16(sk.z, sk.w);
       ov.x = pack_bf16(sv.x, sv.y);
       ov.y = pack_bf16(sv.z, sv.w);
-      reinterpret_cast<uint2*>(dk)[i] = ok;
-      reinterpret_cast<uint2*>(dv)[i] = ov;
+      const int64_t e = 4 * i, w = a.nkv * kD, t = e / w, c = e - t * w;  // token t, column c of dk, dv
+      *reinterpret_cast<uint2*>(dk + t * a.dk_row + c) = ok;
+      *reinterpret_cast<uint2*>(dv + t * a.dv_row + c) = ov;
     } else {
-      const int64_t o = (i - n_kv) * 4;  // element index in dq [T][nh][kD]
+      const int64_t o = (i - n_kv) * 4;  // element index in dq [T][nh][kD] when packed
       const int64_t c = o % kD, th = o / kD, t = th / a.nh, h = th - t * a.nh;
       const float4 x = *reinterpret_cast<const float4*>(a.dq_acc + (h * a.T + t) * kD + c);
       uint2 r;
       r.x = pack_bf16(x.x * a.scale, x.y * a.scale);
       r.y = pack_bf16(x.z * a.scale, x.w * a.scale);
-      *reinterpret_cast<uint2*>(a.dq + o) = r;
+      *reinterpret_cast<uint2*>(a.dq + t * a.dq_row + h * kD + c) = r;
     }
   }
 }

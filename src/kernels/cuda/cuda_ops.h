@@ -18,6 +18,7 @@ using ops::Trans;
 
 // ---- utilities -----------------------------------------------------------------------------
 void cast(Context& ctx, const Tensor& src, Tensor& dst);
+void copy_rows(Context& ctx, const Tensor& src, Tensor& dst);
 void add_(Context& ctx, Tensor& y, const Tensor& x, float alpha = 1.0f);
 void scale_(Context& ctx, Tensor& y, float alpha);
 double sum_squares(Context& ctx, const Tensor& x);  // synchronizes (returns a host value)

@@ -28,6 +28,17 @@ __global__ void cast_kernel(const S* __restrict__ s, D* __restrict__ d, int64_t 
     d[i] = from_f<D>(to_f(s[i]));
 }
 
+// dst[r, :] = src[r, :] in 16-byte words (w16 per row; the strides in the same words).
+__global__ void copy_rows16_kernel(const uint4* __restrict__ s, int64_t ss, uint4* __restrict__ d, int64_t ds,
+                                   int64_t rows, int64_t w16) {
+  pdl_wait();
+  const int64_t n = rows * w16;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t r = i / w16, c = i - r * w16;
+    d[r * ds + c] = s[r * ss + c];
+  }
+}
+
 template <typename Y, typename X>
 __global__ void add_kernel(Y* __restrict__ y, const X* __restrict__ x, float alpha, int64_t n) {
   pdl_wait();
@@ -315,6 +326,24 @@ double reduce_to_host(Context& ctx, const X* x, int64_t n, bool square) {
 }
 template double reduce_to_host<float>(Context&, const float*, int64_t, bool);
 template double reduce_to_host<__nv_bfloat16>(Context&, const __nv_bfloat16*, int64_t, bool);
+
+void copy_rows(Context& ctx, const Tensor& src, Tensor& dst) {
+  need_cuda(src, "copy_rows", "src");
+  need_cuda(dst, "copy_rows", "dst");
+  const int64_t rows = src.size(0), es = static_cast<int64_t>(src.element_size());
+  const int64_t row_bytes = src.size(1) * es, ss = src.stride(0) * es, ds = dst.stride(0) * es;
+  const uintptr_t align = reinterpret_cast<uintptr_t>(src.data_ptr()) | reinterpret_cast<uintptr_t>(dst.data_ptr());
+  if ((align | static_cast<uintptr_t>(row_bytes | ss | ds)) % 16 == 0) {
+    const int64_t w16 = row_bytes / 16;
+    launch_pdl(copy_rows16_kernel, grid_for(rows * w16), kThreads, 0, stream_of(ctx),
+               static_cast<const uint4*>(src.data_ptr()), ss / 16, static_cast<uint4*>(dst.data_ptr()), ds / 16, rows, w16);
+    check_launch("copy_rows");
+    return;
+  }
+  MT_CUDA_CHECK(cudaMemcpy2DAsync(dst.data_ptr(), static_cast<size_t>(ds), src.data_ptr(), static_cast<size_t>(ss),
+                                  static_cast<size_t>(row_bytes), static_cast<size_t>(rows), cudaMemcpyDeviceToDevice,
+                                  stream_of(ctx)));
+}
 
 void cast(Context& ctx, const Tensor& src, Tensor& dst) {
   need_cuda(src, "cast", "src");

@@ -187,7 +187,22 @@ struct RopeArgs {
   InvFreq64 inv{};
   int64_t heads = 1;
   float sign = 1.0f;  // +1 forward, -1 backward (the inverse rotation)
+  // Token strides (elements) of x, dy and dx when they are column blocks of a wider matrix (the
+  // fused q|k|v projection); 0: rows packed, heads * D apart. Forward's y is always packed.
+  int64_t x_row = 0, dy_row = 0, dx_row = 0;
 };
+// Element offset of row r (token r / heads, head r % heads) in a tensor whose tokens are `tok` apart
+// (0: packed rows of D).
+template <bool kRope>
+__device__ __forceinline__ int64_t row_offset(int64_t r, int64_t heads, int64_t tok, int D) {
+  if constexpr (kRope) {
+    if (tok != 0) {
+      const int64_t t = r / heads;
+      return t * tok + (r - t * heads) * D;
+    }
+  }
+  return r * D;
+}
 template <bool kRope>
 __device__ void fill_rope_table(RopeTable<kRope>& tab, const RopeArgs& ra, int64_t t0, int64_t tokens) {
   if constexpr (kRope) {
@@ -238,7 +253,7 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock) rmsnorm_fwd_vec_kernel(
   if constexpr (!kWLate) L::load_w(w, lane, wf);
   for (int64_t r = r0 + warp; r < r1; r += kRowsPerBlock) {
     float v[EPL];
-    L::load(x + r * D, lane, v);
+    L::load(x + row_offset<kRope>(r, ra.heads, ra.x_row, D), lane, v);
     if (xcopy) L::store(xcopy + r * D, lane, v);  // bf16 -> f32 -> bf16: the same bits
     float ss = 0.0f;
 #pragma unroll
@@ -304,8 +319,8 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock) rmsnorm_bwd_vec_kernel(
   for (int i = 0; i < EPL; ++i) acc[i] = 0.0f;
   for (int64_t r = r0 + warp; r < r1; r += kRowsPerBlock) {
     float xv[EPL], g[EPL];
-    L::load(x + r * D, lane, xv);
-    L::load(dy + r * D, lane, g);
+    L::load(x + row_offset<kRope>(r, ra.heads, ra.x_row, D), lane, xv);
+    L::load(dy + row_offset<kRope>(r, ra.heads, ra.dy_row, D), lane, g);
     if constexpr (kRope) {
       rotate_row<kRope>(tab, r / ra.heads - t0, lane, reinterpret_cast<float(&)[4]>(g));
 #pragma unroll
@@ -322,12 +337,13 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock) rmsnorm_bwd_vec_kernel(
       const float xhat = xv[i] * rs;
       g[i] = rs * (g[i] * wf(i) - xhat * mean_dot);
     }
+    const int64_t dxo = row_offset<kRope>(r, ra.heads, ra.dx_row, D);
     if (accumulate) {
-      L::load(dx + r * D, lane, xv);
+      L::load(dx + dxo, lane, xv);
 #pragma unroll
       for (int i = 0; i < EPL; ++i) g[i] += xv[i];
     }
-    L::store(dx + r * D, lane, g);
+    L::store(dx + dxo, lane, g);
   }
   // Warps h..2h-1 hand their sums to warps 0..h-1, for h = 4, 2, 1: a fixed tree.
   for (int h = kRowsPerBlock / 2; h >= 1; h /= 2) {
@@ -486,6 +502,14 @@ bool norm_rope_fusable(const Tensor& x, const Tensor& w, const Tensor& out, int6
   return x.size(2) == 2 * kRopeHalf && rmsnorm_vec_ok(x, w, {&out}) && heads >= 1 &&
          (rows_per_block + heads - 1) / heads + 1 <= kRopeMaxTokens;
 }
+bool is_16_aligned(int64_t bytes) { return bytes % 16 == 0; }
+// A packed [T, heads, d] copy of a token-strided x (the scalar fallbacks read packed rows).
+Tensor packed_copy(Context& ctx, const Tensor& x) {
+  Tensor p = Tensor::empty(x.shape(), x.dtype(), x.device(), MemCategory::kWorkspace);
+  Tensor dst = p.view({x.size(0), x.size(1) * x.size(2)});
+  copy_rows(ctx, x.view({x.size(0), x.size(1) * x.size(2)}), dst);
+  return p;
+}
 RopeArgs rope_args(const Tensor& pos, float theta, int64_t heads, float sign) {
   RopeArgs ra;
   ra.pos = pos.data<int32_t>();
@@ -505,19 +529,22 @@ void norm_rope_forward(Context& ctx, const Tensor& x, const Tensor& w, float eps
   const int64_t T = x.size(0), heads = x.size(1), d = x.size(2), R = T * heads;
   if (!R) return;
   const int64_t rows_per_block = rmsnorm_bwd_rows_per_block(R);
-  if (!norm_rope_fusable(x, w, y, rows_per_block)) {  // the pair, through a temporary
+  if (!norm_rope_fusable(x, w, y, rows_per_block) || !is_16_aligned(x.stride(0) * 2)) {
+    // the pair, through a temporary (and a packed copy of a token-strided x)
+    const Tensor xp = x.is_contiguous() ? x : packed_copy(ctx, x);
     Tensor xn = Tensor::empty({R, d}, x.dtype(), x.device(), MemCategory::kWorkspace);
-    rmsnorm_forward(ctx, x.view({R, d}), w, eps, xn, rstd);
+    rmsnorm_forward(ctx, xp.view({R, d}), w, eps, xn, rstd);
     rope_forward(ctx, xn.view({T, heads, d}), pos, theta, y);
     return;
   }
   need_cuda(rstd, op, "rstd");
   const unsigned blocks = static_cast<unsigned>((R + rows_per_block - 1) / rows_per_block);
+  RopeArgs ra = rope_args(pos, theta, heads, 1.0f);
+  if (!x.is_contiguous()) ra.x_row = x.stride(0);
   MT_CUDA_DISPATCH(w.dtype(), W, op,
     launch_pdl(rmsnorm_fwd_vec_kernel<4, W, true>, blocks, 32 * kRowsPerBlock, 0, stream_of(ctx),
         static_cast<const __nv_bfloat16*>(x.data_ptr()), static_cast<const W*>(w.data_ptr()), eps,
-        static_cast<__nv_bfloat16*>(y.data_ptr()), rstd.data<float>(), R, rows_per_block,
-        rope_args(pos, theta, heads, 1.0f), nullptr));
+        static_cast<__nv_bfloat16*>(y.data_ptr()), rstd.data<float>(), R, rows_per_block, ra, nullptr));
   check_launch(op);
 }
 
@@ -528,11 +555,20 @@ void norm_rope_backward(Context& ctx, const Tensor& x, const Tensor& w, const Te
   const int64_t T = x.size(0), heads = x.size(1), d = x.size(2), R = T * heads;
   if (!R) return;
   const int64_t rows_per_block = rmsnorm_bwd_rows_per_block(R);
-  if (!norm_rope_fusable(x, w, dx, rows_per_block) || !rmsnorm_vec_ok(x, w, {&dy})) {
+  const bool aligned =
+      is_16_aligned(x.stride(0) * 2) && is_16_aligned(dy.stride(0) * 2) && is_16_aligned(dx.stride(0) * 2);
+  if (!norm_rope_fusable(x, w, dx, rows_per_block) || !rmsnorm_vec_ok(x, w, {&dy}) || !aligned) {
+    // the pair, through temporaries (packed copies of a token-strided x, dy or dx)
+    const Tensor xp = x.is_contiguous() ? x : packed_copy(ctx, x);
     Tensor dxn = Tensor::empty({T, heads, d}, dy.dtype(), dy.device(), MemCategory::kWorkspace);
-    rope_backward(ctx, dy, pos, theta, dxn);
-    Tensor dxv = dx.view({R, d});
-    rmsnorm_backward(ctx, x.view({R, d}), w, rstd, dxn.view({R, d}), dxv, dw, false);
+    rope_backward(ctx, dy.is_contiguous() ? dy : packed_copy(ctx, dy), pos, theta, dxn);
+    Tensor out = dx.is_contiguous() ? dx : Tensor::empty({T, heads, d}, dx.dtype(), dx.device(), MemCategory::kWorkspace);
+    Tensor dxv = out.view({R, d});
+    rmsnorm_backward(ctx, xp.view({R, d}), w, rstd, dxn.view({R, d}), dxv, dw, false);
+    if (!dx.is_contiguous()) {
+      Tensor dst = dx.view({T, heads * d});
+      copy_rows(ctx, out.view({T, heads * d}), dst);
+    }
     return;
   }
   need_cuda(rstd, op, "rstd");
@@ -541,11 +577,15 @@ void norm_rope_backward(Context& ctx, const Tensor& x, const Tensor& w, const Te
   const int64_t chunks = (R + rows_per_block - 1) / rows_per_block;
   Tensor scratch = device_scratch(ctx, chunks * d * 4);
   float* partial = static_cast<float*>(scratch.data_ptr());
+  RopeArgs ra = rope_args(pos, theta, heads, -1.0f);
+  if (!x.is_contiguous()) ra.x_row = x.stride(0);
+  if (!dy.is_contiguous()) ra.dy_row = dy.stride(0);
+  if (!dx.is_contiguous()) ra.dx_row = dx.stride(0);
   MT_CUDA_DISPATCH(w.dtype(), W, op,
     launch_pdl(rmsnorm_bwd_vec_kernel<4, W, true>, static_cast<unsigned>(chunks), 32 * kRowsPerBlock, 0, s,
         static_cast<const __nv_bfloat16*>(x.data_ptr()), static_cast<const W*>(w.data_ptr()), rstd.data<float>(),
         static_cast<const __nv_bfloat16*>(dy.data_ptr()), static_cast<__nv_bfloat16*>(dx.data_ptr()), false, R,
-        rows_per_block, partial, rope_args(pos, theta, heads, -1.0f)));
+        rows_per_block, partial, ra));
   launch_pdl(column_sum_add_kernel, static_cast<unsigned>((d + 31) / 32), dim3(32, 32), 0, s, partial, chunks, d,
                                                                                       dw.data<float>());
   check_launch(op);

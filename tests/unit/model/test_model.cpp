@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <random>
 
 #include "kernels/ops.h"
@@ -236,6 +237,43 @@ TEST(Model, GradientsAccumulateAcrossCalls) {
     });
     for (int64_t i = 0; i < a.numel(); ++i) EXPECT_FLOAT_EQ(2.0f * static_cast<float>(a.get(i)), b.get(i)) << n;
   });
+}
+
+// The fused q|k|v projection (one GEMM each way, q, k, v as column blocks) against three GEMMs, on
+// the CPU where it is off by default: the loss and gradients within f32 rounding (the CPU GEMM
+// may block a wider output differently, and the input gradient's three products are summed in
+// another order), for MoE and dense layers and both
+// recompute policies that rerun the projections' consumers.
+TEST(Model, FusedQkvProjectionMatchesThreeGemms) {
+  for (const bool moe : {true, false}) {
+    for (const Recompute rc : {Recompute::kNone, Recompute::kSelective}) {
+      ModelConfig cfg = tiny_config(false, moe);
+      ModelParams p = random_params(cfg, 21);
+      ASSERT_TRUE(p.layers[0].qkv_proj.defined());
+      EXPECT_EQ(p.layers[0].k_proj.data_ptr(),
+                static_cast<char*>(p.layers[0].qkv_proj.data_ptr()) + p.layers[0].q_proj.nbytes());
+      Batch batch = tiny_batch(1, cfg.vocab_size, {5, 6});
+      ModelOptions o;
+      o.recompute = rc;
+      Qwen3Model m(p, o);
+      Context ctx;
+      ModelParams g1 = allocate_gradients(cfg, Device::cpu()), g2 = allocate_gradients(cfg, Device::cpu());
+      set_qkv_fusion(QkvFusion::kNever);
+      const double l1 = m.forward_backward(ctx, batch, g1).loss;
+      set_qkv_fusion(QkvFusion::kAlways);
+      const double l2 = m.forward_backward(ctx, batch, g2).loss;
+      set_qkv_fusion(QkvFusion::kCuda);
+      EXPECT_NEAR(l1, l2, 1e-6 * std::abs(l1));
+      std::map<std::string, Tensor> b;
+      g2.for_each([&](const std::string& n, Tensor& t) { b[n] = t; });
+      g1.for_each([&](const std::string& n, Tensor& a) {
+        double amax = 0.0;
+        for (int64_t i = 0; i < a.numel(); ++i) amax = std::max(amax, std::abs(a.get(i)));
+        for (int64_t i = 0; i < a.numel(); ++i)
+          ASSERT_NEAR(a.get(i), b.at(n).get(i), 1e-5 * amax + 1e-7) << n << "[" << i << "] moe " << moe;
+      });
+    }
+  }
 }
 
 TEST(Model, EvalPassMatchesTrainPassAndKeepsNothing) {
