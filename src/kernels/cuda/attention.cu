@@ -9,6 +9,7 @@
 #include "kernels/cuda/attention_flash.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/need_rows.cuh"
 
 namespace moetrain::cuda {
 
@@ -305,7 +306,7 @@ Dims make_dims(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& 
                const char* op) {
   need_cuda(q, op, "q");
   need_cuda(k, op, "k");
-  need_cuda(v, op, "v");
+  need_cuda_rows(v, op, "v");  // may have a token stride of its own (the fused q|k|v projection)
   need_cuda(cu_seqlens, op, "cu_seqlens");
   need_dtype(cu_seqlens, DType::kI32, op, "cu_seqlens");
   MT_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "[{}] q, k, v must be [T, heads, d]; got {}, {}, {}", op,
@@ -425,9 +426,9 @@ void attention_backward_packed_(Context& ctx, const Tensor& q, const Tensor& k, 
   need_cuda(out, op, "out");
   need_cuda(lse, op, "lse");
   need_cuda(dout, op, "dout");
-  need_cuda(dq, op, "dq");
-  need_cuda(dk, op, "dk");
-  need_cuda(dv, op, "dv");
+  need_cuda_rows(dq, op, "dq");
+  need_cuda_rows(dk, op, "dk");
+  need_cuda_rows(dv, op, "dv");
   for (const Tensor* t : {&out, &dout}) need_dtype(*t, q.dtype(), op, "out/dout");
   need_dtype(dq, q.dtype(), op, "dq");
   need_dtype(dk, q.dtype(), op, "dk");

@@ -13,6 +13,7 @@
 #include "kernels/cuda/adamw_kernel.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/need_rows.cuh"
 
 namespace moetrain::cuda {
 
@@ -328,8 +329,8 @@ template double reduce_to_host<float>(Context&, const float*, int64_t, bool);
 template double reduce_to_host<__nv_bfloat16>(Context&, const __nv_bfloat16*, int64_t, bool);
 
 void copy_rows(Context& ctx, const Tensor& src, Tensor& dst) {
-  need_cuda(src, "copy_rows", "src");
-  need_cuda(dst, "copy_rows", "dst");
+  need_cuda_rows(src, "copy_rows", "src");
+  need_cuda_rows(dst, "copy_rows", "dst");
   const int64_t rows = src.size(0), es = static_cast<int64_t>(src.element_size());
   const int64_t row_bytes = src.size(1) * es, ss = src.stride(0) * es, ds = dst.stride(0) * es;
   const uintptr_t align = reinterpret_cast<uintptr_t>(src.data_ptr()) | reinterpret_cast<uintptr_t>(dst.data_ptr());

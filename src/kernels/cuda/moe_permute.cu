@@ -210,19 +210,33 @@ struct alignas(16) Pack8 {
   T v[8];
 };
 
+// kGatherRows rows per block: a thread issues its pack of each row before it stores any (four 16-byte
+// loads in flight instead of one): 68.9 -> 65.8 us a call at H 2048, 32768 rows (H100, round 26). The
+// same change to combine_rows_vec_kernel (eight rows' loads first) took it from 59.9 to 95.6 us.
+constexpr int kGatherRows = 4;
 template <typename S, typename D>
-__global__ void gather_rows_vec_kernel(const S* __restrict__ x, const int32_t* __restrict__ src_row, int64_t H,
-                                       D* __restrict__ out) {
+__global__ void gather_rows_vec_kernel(const S* __restrict__ x, const int32_t* __restrict__ src_row, int64_t N,
+                                       int64_t H, D* __restrict__ out) {
   pdl_wait();
-  const int64_t r = blockIdx.x;
-  const Pack8<S>* xs = reinterpret_cast<const Pack8<S>*>(x + src_row[r] * H);
-  Pack8<D>* o = reinterpret_cast<Pack8<D>*>(out + r * H);
-  for (int64_t h = threadIdx.x; h < H / 8; h += blockDim.x) {
-    const Pack8<S> a = xs[h];
-    Pack8<D> b;
+  const int64_t r0 = blockIdx.x * static_cast<int64_t>(kGatherRows), hp = H / 8;
+  const Pack8<S>* xs[kGatherRows];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) b.v[i] = from_f<D>(to_f(a.v[i]));
-    o[h] = b;
+  for (int i = 0; i < kGatherRows; ++i)
+    xs[i] = r0 + i < N ? reinterpret_cast<const Pack8<S>*>(x + src_row[r0 + i] * H) : nullptr;
+  Pack8<D>* o = reinterpret_cast<Pack8<D>*>(out + r0 * H);
+  for (int64_t h = threadIdx.x; h < hp; h += blockDim.x) {
+    Pack8<S> a[kGatherRows];
+#pragma unroll
+    for (int i = 0; i < kGatherRows; ++i)
+      if (xs[i]) a[i] = xs[i][h];
+#pragma unroll
+    for (int i = 0; i < kGatherRows; ++i) {
+      if (!xs[i]) continue;
+      Pack8<D> b;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) b.v[e] = from_f<D>(to_f(a[i].v[e]));
+      o[i * hp + h] = b;
+    }
   }
 }
 
@@ -414,8 +428,9 @@ void moe_permute(Context& ctx, const Tensor& x, const Tensor& token_of, Tensor& 
   MT_CUDA_DISPATCH(x.dtype(), S, op,
     MT_CUDA_DISPATCH(xp.dtype(), D, op,
       if (packs) {
-        launch_pdl(gather_rows_vec_kernel<S, D>, static_cast<unsigned>(N), 256, 0, stream_of(ctx),
-            static_cast<const S*>(x.data_ptr()), token_of.data<int32_t>(), H, static_cast<D*>(xp.data_ptr()));
+        launch_pdl(gather_rows_vec_kernel<S, D>, static_cast<unsigned>((N + kGatherRows - 1) / kGatherRows), 256, 0,
+            stream_of(ctx), static_cast<const S*>(x.data_ptr()), token_of.data<int32_t>(), N, H,
+            static_cast<D*>(xp.data_ptr()));
       } else {
         launch_pdl(gather_rows_kernel<S, D>, static_cast<unsigned>(N), 256, 0, stream_of(ctx),
             static_cast<const S*>(x.data_ptr()), token_of.data<int32_t>(), H, static_cast<D*>(xp.data_ptr()));
