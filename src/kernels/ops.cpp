@@ -353,7 +353,7 @@ void attention_forward(Context& ctx, const Tensor& q, const Tensor& k, const Ten
   check_same_dtype(out, q, op, "out", "q");
   expect(lse, {q.size(1), q.size(0)}, DType::kF32, op, "lse");
   // The CPU kernels read packed tensors; the CUDA ones take v's token stride themselves.
-  const Tensor vp = dev.is_cpu() ? v.contiguous() : v;
+  const Tensor vp = dev.is_cpu() && !v.is_contiguous() ? v.clone(MemCategory::kWorkspace) : v;
   MT_DISPATCH(dev, attention_forward, ctx, q, k, vp, cu_seqlens, max_seqlen, scale, out, lse);
 }
 
@@ -381,7 +381,7 @@ void attention_backward(Context& ctx, const Tensor& q, const Tensor& k, const Te
   auto packed_out = [](Tensor& t) {
     return t.is_contiguous() ? t : Tensor::empty(t.shape(), t.dtype(), t.device(), MemCategory::kWorkspace);
   };
-  const Tensor vp = v.contiguous();
+  const Tensor vp = v.is_contiguous() ? v : v.clone(MemCategory::kWorkspace);
   Tensor dqp = packed_out(dq), dkp = packed_out(dk), dvp = packed_out(dv);
   {
     const ProfileScope scope(ctx, "attention_backward");

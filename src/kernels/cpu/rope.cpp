@@ -54,11 +54,16 @@ void rope_backward(Context& ctx, const Tensor& dy, const Tensor& pos, float thet
 }
 
 // The q/k path: the two ops in sequence through a temporary (the CUDA backend fuses them).
+namespace {
+// x itself, or a packed workspace copy when its tokens have a stride of their own.
+Tensor packed(const Tensor& x) { return x.is_contiguous() ? x : x.clone(MemCategory::kWorkspace); }
+}  // namespace
+
 void norm_rope_forward(Context& ctx, const Tensor& x, const Tensor& w, float eps, const Tensor& pos, float theta,
                        Tensor& y, Tensor& rstd) {
   const int64_t T = x.size(0), heads = x.size(1), d = x.size(2);
   Tensor xn = Tensor::empty({T * heads, d}, x.dtype(), x.device(), MemCategory::kWorkspace);
-  rmsnorm_forward(ctx, x.contiguous().view({T * heads, d}), w, eps, xn, rstd);  // x may have a token stride
+  rmsnorm_forward(ctx, packed(x).view({T * heads, d}), w, eps, xn, rstd);  // x may have a token stride
   rope_forward(ctx, xn.view({T, heads, d}), pos, theta, y);
 }
 
@@ -66,11 +71,11 @@ void norm_rope_backward(Context& ctx, const Tensor& x, const Tensor& w, const Te
                         float theta, const Tensor& dy, Tensor& dx, Tensor& dw) {
   const int64_t T = x.size(0), heads = x.size(1), d = x.size(2);
   Tensor dxn = Tensor::empty({T, heads, d}, dy.dtype(), dy.device(), MemCategory::kWorkspace);
-  rope_backward(ctx, dy.contiguous(), pos, theta, dxn);
+  rope_backward(ctx, packed(dy), pos, theta, dxn);
   // x, dy and dx may have a token stride of their own (column blocks of a wider matrix).
   Tensor out = dx.is_contiguous() ? dx : Tensor::empty({T, heads, d}, dx.dtype(), dx.device(), MemCategory::kWorkspace);
   Tensor dxv = out.view({T * heads, d});
-  rmsnorm_backward(ctx, x.contiguous().view({T * heads, d}), w, rstd, dxn.view({T * heads, d}), dxv, dw, false);
+  rmsnorm_backward(ctx, packed(x).view({T * heads, d}), w, rstd, dxn.view({T * heads, d}), dxv, dw, false);
   if (!dx.is_contiguous()) {
     Tensor dst = dx.view({T, heads * d});
     copy_rows(ctx, out.view({T, heads * d}), dst);
