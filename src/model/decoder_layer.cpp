@@ -70,6 +70,12 @@ Tensor fused_qkv(const LayerParams& p) {
   return f;
 }
 
+}  // namespace
+
+bool uses_fused_qkv(const LayerParams& p) { return fused_qkv(p).defined(); }
+
+namespace {
+
 Tensor to_dtype(Context& ctx, const Tensor& t, DType dt) {
   if (t.dtype() == dt) return t;
   Tensor f = work_empty(t.shape(), dt, t.device());

@@ -59,6 +59,8 @@ struct RouterLossGrad {
 // MT_QKV_FUSED=0 / 1 pick kNever / kAlways at start-up. The two differ only in rounding order.
 enum class QkvFusion { kCuda, kAlways, kNever };
 void set_qkv_fusion(QkvFusion q);
+// Whether a layer with these weights (or gradients) runs the fused projection under the setting.
+bool uses_fused_qkv(const LayerParams& p);
 
 struct LayerSettings {
   bool z_loss = false;      // compute and save router logsumexp

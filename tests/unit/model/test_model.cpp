@@ -258,9 +258,13 @@ TEST(Model, FusedQkvProjectionMatchesThreeGemms) {
       Qwen3Model m(p, o);
       Context ctx;
       ModelParams g1 = allocate_gradients(cfg, Device::cpu()), g2 = allocate_gradients(cfg, Device::cpu());
+      EXPECT_FALSE(uses_fused_qkv(p.layers[0]));  // the default fuses on CUDA only
       set_qkv_fusion(QkvFusion::kNever);
+      EXPECT_FALSE(uses_fused_qkv(p.layers[0]));
       const double l1 = m.forward_backward(ctx, batch, g1).loss;
       set_qkv_fusion(QkvFusion::kAlways);
+      EXPECT_TRUE(uses_fused_qkv(p.layers[0]));
+      EXPECT_TRUE(uses_fused_qkv(g2.layers[0]));
       const double l2 = m.forward_backward(ctx, batch, g2).loss;
       set_qkv_fusion(QkvFusion::kCuda);
       EXPECT_NEAR(l1, l2, 1e-6 * std::abs(l1));
@@ -274,6 +278,34 @@ TEST(Model, FusedQkvProjectionMatchesThreeGemms) {
       });
     }
   }
+}
+
+// A layer whose k_proj was rebound to a tensor of its own (new values, not the fused tensor's rows)
+// falls back to three GEMMs: the fused path would read the stale rows.
+TEST(Model, FusedQkvFallsBackWhenAWeightIsRebound) {
+  ModelConfig cfg = tiny_config(false, true);
+  ModelParams p = random_params(cfg, 22);
+  Tensor k = Tensor::empty(p.layers[0].k_proj.shape(), p.layers[0].k_proj.dtype());
+  for (int64_t i = 0; i < k.numel(); ++i) k.set(i, 0.05 * std::sin(0.7 * static_cast<double>(i)));
+  p.layers[0].k_proj = k;
+  Batch batch = tiny_batch(1, cfg.vocab_size, {5, 6});
+  Qwen3Model m(p);
+  Context ctx;
+  ModelParams g1 = allocate_gradients(cfg, Device::cpu()), g2 = allocate_gradients(cfg, Device::cpu());
+  set_qkv_fusion(QkvFusion::kAlways);
+  EXPECT_FALSE(uses_fused_qkv(p.layers[0]));
+  EXPECT_TRUE(uses_fused_qkv(p.layers[1]));
+  const double fused = m.forward_backward(ctx, batch, g1).loss;
+  set_qkv_fusion(QkvFusion::kNever);
+  const double three = m.forward_backward(ctx, batch, g2).loss;
+  set_qkv_fusion(QkvFusion::kCuda);
+  EXPECT_NEAR(fused, three, 1e-6 * std::abs(three));
+  const Tensor& a = g1.layers[0].k_proj;
+  const Tensor& b = g2.layers[0].k_proj;
+  double amax = 0.0;
+  for (int64_t i = 0; i < b.numel(); ++i) amax = std::max(amax, std::abs(b.get(i)));
+  EXPECT_GT(amax, 0.0);
+  for (int64_t i = 0; i < a.numel(); ++i) ASSERT_NEAR(a.get(i), b.get(i), 1e-5 * amax + 1e-7) << "k_proj grad [" << i << "]";
 }
 
 TEST(Model, EvalPassMatchesTrainPassAndKeepsNothing) {
