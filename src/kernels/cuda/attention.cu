@@ -341,14 +341,6 @@ void set_smem(K kernel, size_t bytes) {
     MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
-// A packed copy of a [T, heads, d] tensor whose tokens have a stride of their own, or t itself.
-Tensor packed(Context& ctx, const Tensor& t) {
-  if (t.is_contiguous()) return t;
-  Tensor p = Tensor::empty(t.shape(), t.dtype(), t.device(), MemCategory::kWorkspace);
-  Tensor dst = p.view({t.size(0), t.size(1) * t.size(2)});
-  copy_rows(ctx, t.view({t.size(0), t.size(1) * t.size(2)}), dst);
-  return p;
-}
 int64_t token_stride(const Tensor& t) { return t.is_contiguous() ? 0 : t.stride(0); }
 void attention_backward_packed_(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                 const Tensor& lse, const Tensor& dout, const Tensor& cu_seqlens, float scale,
@@ -365,7 +357,7 @@ void attention_forward(Context& ctx, const Tensor& q, const Tensor& k, const Ten
   const char* op = "attention_forward";
   const bool keep = q.dtype() == DType::kBF16 && flash_attention_supported(q.size(2), {v_in.data_ptr()}) &&
                     flash_attention_strided_ok(ctx, {token_stride(v_in)});
-  const Tensor v = keep ? v_in : packed(ctx, v_in);
+  const Tensor v = keep ? v_in : packed_rows(ctx, v_in);
   const Dims D = make_dims(q, k, v, cu_seqlens, scale, op);
   need_cuda(out, op, "out");
   need_cuda(lse, op, "lse");
@@ -402,18 +394,13 @@ void attention_backward(Context& ctx, const Tensor& q, const Tensor& k, const Te
       flash_attention_supported(q.size(2), {v_in.data_ptr(), dq_out.data_ptr(), dk_out.data_ptr(), dv_out.data_ptr()}) &&
       flash_attention_strided_ok(ctx, {token_stride(v_in), token_stride(dq_out), token_stride(dk_out),
                                        token_stride(dv_out)});
-  const Tensor v = keep ? v_in : packed(ctx, v_in);
-  auto out_buf = [&](Tensor& t) {
-    return keep || t.is_contiguous() ? t : Tensor::empty(t.shape(), t.dtype(), t.device(), MemCategory::kWorkspace);
-  };
-  Tensor dq = out_buf(dq_out), dk = out_buf(dk_out), dv = out_buf(dv_out);
+  const Tensor v = keep ? v_in : packed_rows(ctx, v_in);
+  Tensor dq = keep ? dq_out : packed_like(dq_out), dk = keep ? dk_out : packed_like(dk_out),
+         dv = keep ? dv_out : packed_like(dv_out);
   attention_backward_packed_(ctx, q, k, v, out, lse, dout, cu_seqlens, scale, dq, dk, dv);
-  for (auto [buf, dst] : {std::pair<Tensor*, Tensor*>{&dq, &dq_out}, {&dk, &dk_out}, {&dv, &dv_out}}) {
-    if (buf->data_ptr() == dst->data_ptr()) continue;
-    const int64_t T = dst->size(0), w = dst->size(1) * dst->size(2);
-    Tensor to = dst->view({T, w});
-    copy_rows(ctx, buf->view({T, w}), to);
-  }
+  copy_back(ctx, dq, dq_out);
+  copy_back(ctx, dk, dk_out);
+  copy_back(ctx, dv, dv_out);
   (void)max_seqlen;
 }
 

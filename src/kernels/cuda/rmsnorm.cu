@@ -8,6 +8,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/need_rows.cuh"
 
 namespace moetrain::cuda {
 
@@ -503,13 +504,6 @@ bool norm_rope_fusable(const Tensor& x, const Tensor& w, const Tensor& out, int6
          (rows_per_block + heads - 1) / heads + 1 <= kRopeMaxTokens;
 }
 bool is_16_aligned(int64_t bytes) { return bytes % 16 == 0; }
-// A packed [T, heads, d] copy of a token-strided x (the scalar fallbacks read packed rows).
-Tensor packed_copy(Context& ctx, const Tensor& x) {
-  Tensor p = Tensor::empty(x.shape(), x.dtype(), x.device(), MemCategory::kWorkspace);
-  Tensor dst = p.view({x.size(0), x.size(1) * x.size(2)});
-  copy_rows(ctx, x.view({x.size(0), x.size(1) * x.size(2)}), dst);
-  return p;
-}
 RopeArgs rope_args(const Tensor& pos, float theta, int64_t heads, float sign) {
   RopeArgs ra;
   ra.pos = pos.data<int32_t>();
@@ -531,7 +525,7 @@ void norm_rope_forward(Context& ctx, const Tensor& x, const Tensor& w, float eps
   const int64_t rows_per_block = rmsnorm_bwd_rows_per_block(R);
   if (!norm_rope_fusable(x, w, y, rows_per_block) || !is_16_aligned(x.stride(0) * 2)) {
     // the pair, through a temporary (and a packed copy of a token-strided x)
-    const Tensor xp = x.is_contiguous() ? x : packed_copy(ctx, x);
+    const Tensor xp = packed_rows(ctx, x);  // the scalar fallbacks read packed rows
     Tensor xn = Tensor::empty({R, d}, x.dtype(), x.device(), MemCategory::kWorkspace);
     rmsnorm_forward(ctx, xp.view({R, d}), w, eps, xn, rstd);
     rope_forward(ctx, xn.view({T, heads, d}), pos, theta, y);
@@ -559,16 +553,13 @@ void norm_rope_backward(Context& ctx, const Tensor& x, const Tensor& w, const Te
       is_16_aligned(x.stride(0) * 2) && is_16_aligned(dy.stride(0) * 2) && is_16_aligned(dx.stride(0) * 2);
   if (!norm_rope_fusable(x, w, dx, rows_per_block) || !rmsnorm_vec_ok(x, w, {&dy}) || !aligned) {
     // the pair, through temporaries (packed copies of a token-strided x, dy or dx)
-    const Tensor xp = x.is_contiguous() ? x : packed_copy(ctx, x);
+    const Tensor xp = packed_rows(ctx, x);  // the scalar fallbacks read packed rows
     Tensor dxn = Tensor::empty({T, heads, d}, dy.dtype(), dy.device(), MemCategory::kWorkspace);
-    rope_backward(ctx, dy.is_contiguous() ? dy : packed_copy(ctx, dy), pos, theta, dxn);
-    Tensor out = dx.is_contiguous() ? dx : Tensor::empty({T, heads, d}, dx.dtype(), dx.device(), MemCategory::kWorkspace);
+    rope_backward(ctx, packed_rows(ctx, dy), pos, theta, dxn);
+    Tensor out = packed_like(dx);
     Tensor dxv = out.view({R, d});
     rmsnorm_backward(ctx, xp.view({R, d}), w, rstd, dxn.view({R, d}), dxv, dw, false);
-    if (!dx.is_contiguous()) {
-      Tensor dst = dx.view({T, heads * d});
-      copy_rows(ctx, out.view({T, heads * d}), dst);
-    }
+    copy_back(ctx, out, dx);
     return;
   }
   need_cuda(rstd, op, "rstd");
