@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# alternate.sh (on the GPU machine, from the repo root): moetrain's layer step and torch.compile's,
+# alternating in one call, so that the ratio comes from medians of several runs of each rather than
+# from one pair (one binary reads 6.8-7.4 ms/layer from run to run at the 700 W cap; round 27).
+# Each round runs `moetrain bench --layers 2,4` then torch_anchor.py (IMPLS=grouped_mm+compile) at
+# SEQ / MBS. nvidia-smi dmon samples power, temperature and clocks every second beside them.
+# Env: GPU_BIN (bundle of stage_perf.sh, default gpu-bin-perf), ROUNDS (2), SEQ (4096), MBS (1),
+# MT_BENCH_SET ("k=v k=v" --set overrides for moetrain), IDLE_S (0: seconds of idle between rounds).
+# Results: $OUT/alternate/ (logs, JSON, dmon.txt, table.txt); the table is printed last.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+out=${OUT:-/tmp/moetrain-gpu-out}/alternate
+mkdir -p "$out"
+bin=${GPU_BIN:-gpu-bin-perf}
+case "$bin" in /*) ;; *) bin=$root/$bin ;; esac
+if [[ ! -x "$bin/moetrain" && -f "$bin/bundle.tar.xz" ]]; then
+  mkdir -p /tmp/alternate_bundle && tar -xJf "$bin/bundle.tar.xz" -C /tmp/alternate_bundle && bin=/tmp/alternate_bundle
+fi
+export LD_LIBRARY_PATH="$bin/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+anchor=$bin/torch_anchor.py
+[[ -f "$anchor" ]] || anchor=$root/../shared/bench/torch_anchor.py
+seq=${SEQ:-4096} mbs=${MBS:-1}
+sets=()
+for s in ${MT_BENCH_SET:-}; do sets+=(--set "$s"); done
+nvidia-smi dmon -s pct -o T > "$out/dmon.txt" 2>&1 &
+dmon=$!
+trap 'kill $dmon 2>/dev/null' EXIT
+ours=() torch=()
+for r in $(seq 1 "${ROUNDS:-2}"); do
+  timeout 170 "$bin/moetrain" bench --layers 2,4 --seq "$seq" --mbs "$mbs" "${sets[@]}" \
+    --json "$out/ours.r$r.json" > "$out/ours.r$r.log" 2>&1
+  o=$(grep -o 'per layer [0-9.]* ms' "$out/ours.r$r.log" | awk '{print $3}')
+  mkdir -p "$out/torch.r$r"
+  OUT="$out/torch.r$r" IMPLS=grouped_mm+compile SEQ=$seq MBS=$mbs timeout 300 python3 "$anchor" \
+    > "$out/torch.r$r.log" 2>&1
+  t=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['grouped_mm+compile']['per_layer_ms'])" \
+    "$out/torch.r$r/torch_anchor.json" 2>/dev/null)
+  echo "round $r: ours ${o:-?} ms/layer, torch.compile ${t:-?} ms/layer"
+  [[ -n "$o" ]] && ours+=("$o")
+  [[ -n "$t" ]] && torch+=("$t")
+  sleep "${IDLE_S:-0}"
+done
+python3 - "${#ours[@]}" "${ours[@]}" "${torch[@]}" <<'PY' | tee "$out/table.txt"
+import statistics, sys
+n = int(sys.argv[1]); ours = [float(x) for x in sys.argv[2:2 + n]]; torch = [float(x) for x in sys.argv[2 + n:]]
+print(f"ours ms/layer:          {' '.join(f'{x:.3f}' for x in ours)}")
+print(f"torch.compile ms/layer: {' '.join(f'{x:.2f}' for x in torch)}")
+if ours and torch:
+    mo, mt = statistics.median(ours), statistics.median(torch)
+    print(f"medians: ours {mo:.3f}, torch {mt:.2f}; ratio {mt / mo:.2f} (2x needs ours <= {mt / 2:.3f})")
+PY
