@@ -97,6 +97,25 @@ __device__ __forceinline__ void apply8(const AdamWParams& a, int64_t i0, const f
   if (a.comp) store8s(a.comp + i0, w);
 }
 
+// apply8 for the experts without rows: kZeros' selects (about 12 instructions an element) only for a
+// vector whose moments need them, an exact 0 or a first moment so small that m / bc1 could leave
+// div_fast's range (|m| < 2^-61; with g = 0 the new |m / bc1| is at least 0.9 |m|), or a second
+// moment near sqrt_fast's lower end (v < 2^-98), in any lane of the warp. An idle expert that has had
+// rows before has ordinary moments and takes the cheaper path. Both paths give update()'s bits
+// (update8), so this only picks the faster one; an element either misjudges is redone exactly by
+// update8's own range tests.
+template <typename W, typename MT, typename VT>
+__device__ __forceinline__ void apply8_idle(const AdamWParams& a, int64_t i0, const float (&g)[8], float (&w)[8],
+                                            float (&m)[8], float (&v)[8]) {
+  bool quiet = false;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) quiet |= !(v[j] >= 0x1p-98f) | (fabsf(m[j]) < 0x1p-61f);
+  // One path for the whole warp: lanes that disagree (an expert whose moments are decaying past the
+  // bounds) would otherwise run both, slower than the selects alone.
+  if (__any_sync(__activemask(), quiet)) apply8<W, MT, VT, true>(a, i0, g, w, m, v);
+  else apply8<W, MT, VT, false>(a, i0, g, w, m, v);
+}
+
 // 8 consecutive stored elements as raw 16-byte words (1 for bf16 bits, 2 for f32): the walk keeps
 // these in flight (fewer registers than widened floats), then widens them exactly as ad::load8.
 template <typename T>
@@ -274,7 +293,7 @@ struct AdamWEpilogue {
         widen8(q.w[u], wf);
         widen8(q.m[u], mf);
         widen8(q.v[u], vf);
-        apply8<W, MT, VT, true>(a, at(idx), gf, wf, mf, vf);
+        apply8_idle<W, MT, VT>(a, at(idx), gf, wf, mf, vf);
       }
       q = next;
 #pragma unroll
