@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # alternate.sh (on the GPU machine, from the repo root): moetrain's layer step and torch.compile's,
 # alternating in one call, so that the ratio comes from medians of several runs of each rather than
-# from one pair (one binary reads 6.8-7.4 ms/layer from run to run at the 700 W cap; round 27).
+# from one pair (one binary read 6.8-7.6 ms/layer from run to run at the 700 W cap; round 27).
 # Each round runs `moetrain bench --layers 2,4` then torch_anchor.py (IMPLS=grouped_mm+compile) at
 # SEQ / MBS. nvidia-smi dmon samples power, temperature and clocks every second beside them.
 # Env: GPU_BIN (bundle of stage_perf.sh, default gpu-bin-perf), ROUNDS (2), SEQ (4096), MBS (1),
