@@ -192,18 +192,28 @@ struct RopeArgs {
   // fused q|k|v projection); 0: rows packed, heads * D apart. Forward's y is always packed.
   int64_t x_row = 0, dy_row = 0, dx_row = 0;
 };
-// Element offset of row r (token r / heads, head r % heads) in a tensor whose tokens are `tok` apart
-// (0: packed rows of D).
+// Token and head of a warp's rows r, r + kRowsPerBlock, ... (row r is token r / heads, head
+// r % heads), stepped without a divide per row: a 64-bit divide by a runtime value is a long emulated
+// sequence, and these kernels are bound by instruction issue. Without RoPE a row is just r.
 template <bool kRope>
-__device__ __forceinline__ int64_t row_offset(int64_t r, int64_t heads, int64_t tok, int D) {
-  if constexpr (kRope) {
-    if (tok != 0) {
-      const int64_t t = r / heads;
-      return t * tok + (r - t * heads) * D;
+struct RowCursor {
+  int64_t t = 0, h = 0;
+  __device__ __forceinline__ RowCursor(int64_t r, int64_t heads) {
+    if constexpr (kRope) t = r / heads, h = r - t * heads;
+  }
+  __device__ __forceinline__ void next(int64_t heads) {
+    if constexpr (kRope) {
+      h += kRowsPerBlock;
+      while (h >= heads) h -= heads, ++t;
     }
   }
-  return r * D;
-}
+  // Element offset of row r in a tensor whose tokens are `tok` apart (0: packed rows of D).
+  __device__ __forceinline__ int64_t offset(int64_t r, int64_t tok, int D) const {
+    if constexpr (kRope)
+      if (tok != 0) return t * tok + h * D;
+    return r * D;
+  }
+};
 template <bool kRope>
 __device__ void fill_rope_table(RopeTable<kRope>& tab, const RopeArgs& ra, int64_t t0, int64_t tokens) {
   if constexpr (kRope) {
@@ -252,9 +262,10 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock) rmsnorm_fwd_vec_kernel(
   constexpr bool kWLate = EPL >= 32;
   float wf[kWLate ? 1 : EPL];
   if constexpr (!kWLate) L::load_w(w, lane, wf);
-  for (int64_t r = r0 + warp; r < r1; r += kRowsPerBlock) {
+  RowCursor<kRope> rc(r0 + warp, ra.heads);
+  for (int64_t r = r0 + warp; r < r1; r += kRowsPerBlock, rc.next(ra.heads)) {
     float v[EPL];
-    L::load(x + row_offset<kRope>(r, ra.heads, ra.x_row, D), lane, v);
+    L::load(x + rc.offset(r, ra.x_row, D), lane, v);
     if (xcopy) L::store(xcopy + r * D, lane, v);  // bf16 -> f32 -> bf16: the same bits
     float ss = 0.0f;
 #pragma unroll
@@ -277,7 +288,7 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock) rmsnorm_fwd_vec_kernel(
     if constexpr (kRope) {
 #pragma unroll
       for (int i = 0; i < EPL; ++i) v[i] = round_bf16(v[i]);
-      rotate_row<kRope>(tab, r / ra.heads - t0, lane, reinterpret_cast<float(&)[4]>(v));
+      rotate_row<kRope>(tab, rc.t - t0, lane, reinterpret_cast<float(&)[4]>(v));
     }
     L::store(y + r * D, lane, v);
   }
@@ -318,12 +329,13 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock) rmsnorm_bwd_vec_kernel(
   };
 #pragma unroll
   for (int i = 0; i < EPL; ++i) acc[i] = 0.0f;
-  for (int64_t r = r0 + warp; r < r1; r += kRowsPerBlock) {
+  RowCursor<kRope> rc(r0 + warp, ra.heads);
+  for (int64_t r = r0 + warp; r < r1; r += kRowsPerBlock, rc.next(ra.heads)) {
     float xv[EPL], g[EPL];
-    L::load(x + row_offset<kRope>(r, ra.heads, ra.x_row, D), lane, xv);
-    L::load(dy + row_offset<kRope>(r, ra.heads, ra.dy_row, D), lane, g);
+    L::load(x + rc.offset(r, ra.x_row, D), lane, xv);
+    L::load(dy + rc.offset(r, ra.dy_row, D), lane, g);
     if constexpr (kRope) {
-      rotate_row<kRope>(tab, r / ra.heads - t0, lane, reinterpret_cast<float(&)[4]>(g));
+      rotate_row<kRope>(tab, rc.t - t0, lane, reinterpret_cast<float(&)[4]>(g));
 #pragma unroll
       for (int i = 0; i < EPL; ++i) g[i] = round_bf16(g[i]);
     }
@@ -338,7 +350,7 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock) rmsnorm_bwd_vec_kernel(
       const float xhat = xv[i] * rs;
       g[i] = rs * (g[i] * wf(i) - xhat * mean_dot);
     }
-    const int64_t dxo = row_offset<kRope>(r, ra.heads, ra.dx_row, D);
+    const int64_t dxo = rc.offset(r, ra.dx_row, D);
     if (accumulate) {
       L::load(dx + dxo, lane, xv);
 #pragma unroll
