@@ -5,7 +5,7 @@
 # nsys, under the CUPTI injection library tests/gpu/cupti/kernel_trace.cpp), exports the
 # GPU trace as CSV and summarises the last $STEPS_KEEP steps. Bundle as for perf.sh (GPU_BIN).
 # Env: GPU_BIN, LAYERS (4), MT_BENCH_SET (extra --set overrides "k=v k=v"), STEPS_KEEP (2).
-# Results: $OUT/timeline.txt, $OUT/trace.csv.xz.
+# Results: $OUT/timeline.txt, $OUT/kernels.json (each kernel's us per step), $OUT/trace.csv.xz.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -35,4 +35,5 @@ else  # CUPTI through an injection library (tests/gpu/cupti/kernel_trace.cpp), c
 fi
 csv=$(ls "$work"/t*cuda_gpu_trace*.csv | head -1)
 xz -T4 -c "$csv" > "$out/trace.csv.xz"
-python3 tests/gpu/timeline_gaps.py "$csv" --layers "$layers" --steps "${STEPS_KEEP:-2}" | tee "$out/timeline.txt"
+python3 tests/gpu/timeline_gaps.py "$csv" --layers "$layers" --steps "${STEPS_KEEP:-2}" --json "$out/kernels.json" \
+  | tee "$out/timeline.txt"

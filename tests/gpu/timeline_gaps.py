@@ -2,10 +2,12 @@
 """Where the GPU idles inside a step: reads `nsys stats -r cuda_gpu_trace -f csv` output (tests/gpu/timeline.sh)
 and prints, per step (averaged over the last --steps steps): the step's span, the kernels' busy time, the idle
 time between consecutive GPU activities, the largest idle transitions (previous -> next kernel) and the kernels
-by total time. Steps are split at host gaps longer than --split-us."""
+by total time. Steps are split at host gaps longer than --split-us. --json also writes the per-step totals and every
+kernel's time and count per step (tests/gpu/trace_ab.sh compares builds with it)."""
 import argparse
 import collections
 import csv
+import json
 import re
 import sys
 
@@ -24,6 +26,7 @@ def main():
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--split-us", type=float, default=2000.0)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--json", help="write the per-step totals and each kernel's us and count per step here")
     a = ap.parse_args()
     rows = []
     with open(a.csv, newline="") as f:
@@ -95,6 +98,10 @@ def main():
     for n, t in sorted(busy_by.items(), key=lambda x: -x[1])[: a.top + 10]:
         c = busy_n[n] / k
         print(f"  {t / k:9.1f}  x{c:5.1f}  {t / k / c:8.2f}  {n}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"steps": k, "activities": mode, "span_us": span / k, "busy_us": busy / k, "idle_us": idle / k,
+                       "kernels": {n: {"us": t / k, "count": busy_n[n] / k} for n, t in busy_by.items()}}, f, indent=1)
     return 0
 
 
