@@ -117,7 +117,8 @@ inline bool tma_map(CUtensorMap* m, const void* x, int64_t T, int64_t heads, int
 template <int kD, int kStages>
 cudaError_t forward_ws(const FlashArgs& a, const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv,
                        cudaStream_t s) {
-  const dim3 grid(static_cast<unsigned>((a.T + kWgBM - 1) / kWgBM), static_cast<unsigned>(a.nh));
+  if (!query_grid_ok(a.T, kWgBM)) return cudaErrorInvalidValue;
+  const dim3 grid = query_grid(a.T, a.nh, kWgBM);
   MT_FLASH_TRY(set_smem(attn_fwd_ws_kernel<kD, kStages>, fwd_ws_smem<kD, kStages>()));
   launch_pdl(attn_fwd_ws_kernel<kD, kStages>, grid, kWsThreads, fwd_ws_smem<kD, kStages>(), s, mq, mk, mv, a);
   return cudaGetLastError();
@@ -135,7 +136,8 @@ cudaError_t forward_d(const FlashAttnProblem& p, bf16* out, float* lse, Arch arc
   if (p.v_row != 0 && p.v_row != p.nkv * p.d) return cudaErrorInvalidValue;  // strided_ok() was not asked
   const size_t smem = (kFwdBM + 4 * kBN) * kD * 2;
   MT_FLASH_TRY(set_smem(attn_fwd_mma_kernel<kD>, smem));
-  const dim3 grid(static_cast<unsigned>((p.T + kFwdBM - 1) / kFwdBM), static_cast<unsigned>(p.nh));
+  if (!query_grid_ok(p.T, kFwdBM)) return cudaErrorInvalidValue;
+  const dim3 grid = query_grid(p.T, p.nh, kFwdBM);
   launch_pdl(attn_fwd_mma_kernel<kD>, grid, 32 * kFwdWarps, smem, s, a);
   return cudaGetLastError();
 }
@@ -266,7 +268,8 @@ cudaError_t backward_d(const FlashAttnProblem& p, const bf16* o, const float* ls
   MT_FLASH_TRY(cudaGetLastError());
   const size_t smem_dq = (2 * kFwdBM + 4 * kBN) * kD * 2;
   MT_FLASH_TRY(set_smem(attn_dq_mma_kernel<kD>, smem_dq));
-  const dim3 grid_q(static_cast<unsigned>((p.T + kFwdBM - 1) / kFwdBM), static_cast<unsigned>(p.nh));
+  if (!query_grid_ok(p.T, kFwdBM)) return cudaErrorInvalidValue;
+  const dim3 grid_q = query_grid(p.T, p.nh, kFwdBM);
   launch_pdl(attn_dq_mma_kernel<kD>, grid_q, 32 * kFwdWarps, smem_dq, s, a);
   MT_FLASH_TRY(cudaGetLastError());
   const size_t smem_kv = (2 * kKvBN + 4 * kKvBM) * kD * 2 + 4 * kKvBM * 4;

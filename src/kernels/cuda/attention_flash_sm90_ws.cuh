@@ -105,8 +105,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   const uint32_t sQ = smem_base1024(smem_wg), sK = sQ + kWgBM * kD * 2, sV = sK + kS * kTile;
   const uint32_t q_full = sV + kS * kTile, k_full = q_full + 8, v_full = k_full + 8 * kS, k_empty = v_full + 8 * kS,
                  v_empty = k_empty + 8 * kS;
-  const int64_t h = blockIdx.y, g = h / a.group;
-  const int64_t t0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kWgBM;  // long causal rows first
+  const QueryTile qt = query_tile<kWgBM>();  // launched on query_grid
+  const int64_t h = qt.h, g = h / a.group, t0 = qt.t0;
   const int64_t kmin = a.cu[doc_of(a.cu, a.ndocs, t0)], kend = min(t0 + kWgBM, a.T);
   const int ntiles = static_cast<int>((kend - kmin + kN - 1) / kN);
   if (threadIdx.x == 0) {
