@@ -4,7 +4,8 @@
 # `moetrain bench --layers $LAYERS --steps 4 --warmup 2` under nsys (CUDA trace only; where there is no
 # nsys, under the CUPTI injection library tests/gpu/cupti/kernel_trace.cpp), exports the
 # GPU trace as CSV and summarises the last $STEPS_KEEP steps. Bundle as for perf.sh (GPU_BIN).
-# Env: GPU_BIN, LAYERS (4), MT_BENCH_SET (extra --set overrides "k=v k=v"), STEPS_KEEP (2).
+# Env: GPU_BIN, LAYERS (4), SEQ (the bench's default, 4096), MT_BENCH_SET (extra --set overrides "k=v k=v"),
+# STEPS_KEEP (2).
 # Results: $OUT/timeline.txt, $OUT/kernels.json (each kernel's us per step), $OUT/trace.csv.xz.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -22,7 +23,7 @@ export LD_LIBRARY_PATH="$bin/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 sets=()
 for kv in ${MT_BENCH_SET:-}; do sets+=(--set "$kv"); done
 layers=${LAYERS:-4}
-run=("$bin/moetrain" bench --layers "$layers" --steps 4 --warmup 2 "${sets[@]}")
+run=("$bin/moetrain" bench --layers "$layers" --steps 4 --warmup 2 ${SEQ:+--seq "$SEQ"} "${sets[@]}")
 nsys=$(command -v nsys || ls /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
 if [[ -n "$nsys" ]]; then
   "$nsys" profile -t cuda -s none --cpuctxsw=none -o "$work/rep" -f true "${run[@]}" > "$out/bench.log" 2>&1

@@ -4,7 +4,7 @@
 # times, and prints each kernel's GPU time per step for every run, with the change of each bundle's
 # mean against the first bundle's. Kernel times move by about 1% between runs, where a step's time
 # moves by 5% at the power cap (round 27), so this resolves changes a same-call pair cannot.
-# Env: BUNDLES (stage_perf.sh bundle directories, space separated, required), ROUNDS (2), LAYERS (4),
+# Env: BUNDLES (stage_perf.sh bundle directories, space separated, required), ROUNDS (2), LAYERS (4), SEQ,
 # MT_BENCH_SET (as timeline.sh; default the all-bf16 keys with the update in backward), MATCH (regex:
 # list only matching kernels), TOP (25: the kernels with the largest changes).
 # Results: $OUT/trace_ab/<bundle>.r<round>/ (timeline.sh's), $OUT/trace_ab/table.txt (printed last).

@@ -26,7 +26,10 @@ enum class Arch { kSm80, kSm90 };
 
 // Knobs of the sm90 path, measured on an H100 / H200 (bench/standalone/attn_bench.py varies them).
 struct Sm90Knobs {
-  int fwd_stages = 3;         // K / V ring depth of the forward: 3 beat 2 by 2-3% (H100, T 4096 / 8192)
+  // K / V ring depth of the forward. 3 beat 2 by 2-3% until round 29 launched the query tiles longest
+  // first; since then 2 is as fast or faster (H100: 1-3% at T 4096 and 10% at T 8192 in attn_bench,
+  // 2.7% at T 4096 and equal at T 8192 in the step's kernel trace).
+  int fwd_stages = 2;
   int bwd_ctas_per_sm = 2;    // backward head splits (from 2 heads per CTA) aim at this many CTAs per SM
   int bwd_det_desc = 1;       // deterministic backward: query tiles backwards, 3-7% faster than forwards
 };
