@@ -276,29 +276,29 @@ void rope_backward(Context& ctx, const Tensor& dy, const Tensor& pos, float thet
 }
 
 // ---- RMSNorm + RoPE (q/k path) ---------------------------------------------------------------
-void norm_rope_forward(Context& ctx, const Tensor& x, const Tensor& w, float eps, const Tensor& pos, float theta,
-                       Tensor& y, Tensor& rstd) {
-  const char* op = "norm_rope_forward";
+namespace {
+Device check_norm_rope_forward(Context& ctx, const char* op, const Tensor& x, const Tensor& w, float eps,
+                               const Tensor& pos, float theta, const Tensor& y, const Tensor& rstd) {
   expect_float(x, {-1, -1, -1}, op, "x");
   device_of(ctx, op, {{x, "x"}}, Layout::kTokenRows);
   const Device dev = device_of(ctx, op, {{w, "w"}, {pos, "pos"}, {y, "y"}, {rstd, "rstd"}});
   MT_CHECK(x.device() == dev, "[{}] x is on {} but y is on {}; all tensors of one op must be on one device", op,
            x.device().str(), dev.str());
   const int64_t T = x.size(0), heads = x.size(1), d = x.size(2);
-  MT_CHECK(d % 2 == 0, "[norm_rope_forward] head dim {} must be even", d);
+  MT_CHECK(d % 2 == 0, "[{}] head dim {} must be even", op, d);
   expect_float(w, {d}, op, "w");
   expect(pos, {T}, DType::kI32, op, "pos");
   check_shape(y, x.shape(), op, "y");
   check_same_dtype(y, x, op, "y", "x");
   expect(rstd, {T * heads}, DType::kF32, op, "rstd");
-  MT_CHECK(eps >= 0.0f, "[norm_rope_forward] eps = {} must be >= 0", eps);
-  MT_CHECK(theta > 0.0f, "[norm_rope_forward] theta = {} must be > 0", theta);
-  MT_DISPATCH(dev, norm_rope_forward, ctx, x, w, eps, pos, theta, y, rstd);
+  MT_CHECK(eps >= 0.0f, "[{}] eps = {} must be >= 0", op, eps);
+  MT_CHECK(theta > 0.0f, "[{}] theta = {} must be > 0", op, theta);
+  return dev;
 }
 
-void norm_rope_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& pos,
-                        float theta, const Tensor& dy, Tensor& dx, Tensor& dw) {
-  const char* op = "norm_rope_backward";
+Device check_norm_rope_backward(Context& ctx, const char* op, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                                const Tensor& pos, float theta, const Tensor& dy, const Tensor& dx,
+                                const Tensor& dw) {
   expect_float(x, {-1, -1, -1}, op, "x");
   expect_float(dx, x.shape(), op, "dx");
   expect_float(dy, x.shape(), op, "dy");
@@ -310,7 +310,7 @@ void norm_rope_backward(Context& ctx, const Tensor& x, const Tensor& w, const Te
   MT_CHECK(dx.data_ptr() != dy.data_ptr() || dx.strides() == dy.strides(),
            "[{}] dx aliases dy with other strides ({} against {})", op, dx.desc(), dy.desc());
   const int64_t T = x.size(0), heads = x.size(1), d = x.size(2);
-  MT_CHECK(d % 2 == 0, "[norm_rope_backward] head dim {} must be even", d);
+  MT_CHECK(d % 2 == 0, "[{}] head dim {} must be even", op, d);
   expect_float(w, {d}, op, "w");
   expect(rstd, {T * heads}, DType::kF32, op, "rstd");
   expect(pos, {T}, DType::kI32, op, "pos");
@@ -319,8 +319,38 @@ void norm_rope_backward(Context& ctx, const Tensor& x, const Tensor& w, const Te
   check_same_dtype(dx, x, op, "dx", "x");
   check_same_dtype(dy, x, op, "dy", "x");
   expect(dw, {d}, DType::kF32, op, "dw");
-  MT_CHECK(theta > 0.0f, "[norm_rope_backward] theta = {} must be > 0", theta);
+  MT_CHECK(theta > 0.0f, "[{}] theta = {} must be > 0", op, theta);
+  return dev;
+}
+}  // namespace
+
+void norm_rope_forward(Context& ctx, const Tensor& x, const Tensor& w, float eps, const Tensor& pos, float theta,
+                       Tensor& y, Tensor& rstd) {
+  const Device dev = check_norm_rope_forward(ctx, "norm_rope_forward", x, w, eps, pos, theta, y, rstd);
+  MT_DISPATCH(dev, norm_rope_forward, ctx, x, w, eps, pos, theta, y, rstd);
+}
+
+void norm_rope_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& pos,
+                        float theta, const Tensor& dy, Tensor& dx, Tensor& dw) {
+  const Device dev = check_norm_rope_backward(ctx, "norm_rope_backward", x, w, rstd, pos, theta, dy, dx, dw);
   MT_DISPATCH(dev, norm_rope_backward, ctx, x, w, rstd, pos, theta, dy, dx, dw);
+}
+
+void norm_rope_forward_qk(Context& ctx, NormRopeFwdIO& q, NormRopeFwdIO& k, float eps, const Tensor& pos,
+                          float theta) {
+  const Device dev = check_norm_rope_forward(ctx, "norm_rope_forward_qk (q)", q.x, q.w, eps, pos, theta, q.y, q.rstd);
+  const Device dk = check_norm_rope_forward(ctx, "norm_rope_forward_qk (k)", k.x, k.w, eps, pos, theta, k.y, k.rstd);
+  MT_CHECK(dk == dev, "[norm_rope_forward_qk] q is on {} but k is on {}", dev.str(), dk.str());
+  MT_DISPATCH(dev, norm_rope_forward_qk, ctx, q, k, eps, pos, theta);
+}
+
+void norm_rope_backward_qk(Context& ctx, NormRopeBwdIO& q, NormRopeBwdIO& k, const Tensor& pos, float theta) {
+  const Device dev =
+      check_norm_rope_backward(ctx, "norm_rope_backward_qk (q)", q.x, q.w, q.rstd, pos, theta, q.dy, q.dx, q.dw);
+  const Device dk =
+      check_norm_rope_backward(ctx, "norm_rope_backward_qk (k)", k.x, k.w, k.rstd, pos, theta, k.dy, k.dx, k.dw);
+  MT_CHECK(dk == dev, "[norm_rope_backward_qk] q is on {} but k is on {}", dev.str(), dk.str());
+  MT_DISPATCH(dev, norm_rope_backward_qk, ctx, q, k, pos, theta);
 }
 
 // ---- attention -----------------------------------------------------------------------------

@@ -86,6 +86,21 @@ void norm_rope_forward(Context& ctx, const Tensor& x /*[T,heads,d]*/, const Tens
 void norm_rope_backward(Context& ctx, const Tensor& x /*[T,heads,d]*/, const Tensor& w /*[d]*/,
                         const Tensor& rstd /*[T*heads]*/, const Tensor& pos /*[T] i32*/, float theta,
                         const Tensor& dy /*[T,heads,d]*/, Tensor& dx /*[T,heads,d]*/, Tensor& dw /*[d] f32, +=*/);
+// A layer's q and k in one call: exactly norm_rope_forward / norm_rope_backward on q, then on k (each
+// side is checked as those ops check it). On CUDA the fused kernels run both in one grid, so the
+// short k rows run beside the q rows instead of after them.
+struct NormRopeFwdIO {
+  Tensor x, w;     // [T,heads,d], [d]
+  Tensor y, rstd;  // out: [T,heads,d], [T*heads] f32
+};
+struct NormRopeBwdIO {
+  Tensor x, w, rstd, dy;  // as norm_rope_backward's
+  Tensor dx, dw;          // out: dx (may alias dy), dw [d] f32 (+=)
+};
+void norm_rope_forward_qk(Context& ctx, NormRopeFwdIO& q, NormRopeFwdIO& k, float eps, const Tensor& pos /*[T] i32*/,
+                          float theta);
+void norm_rope_backward_qk(Context& ctx, NormRopeBwdIO& q, NormRopeBwdIO& k, const Tensor& pos /*[T] i32*/,
+                           float theta);
 
 // ---- causal GQA attention over packed documents ---------------------------------------------
 // cu_seqlens [docs+1] i32: document start offsets, first 0, last T. A query attends keys of its

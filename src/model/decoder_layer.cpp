@@ -93,8 +93,9 @@ void qk_norm_rope(Context& ctx, const ModelConfig& cfg, const LayerParams& w, co
   const float eps = static_cast<float>(cfg.rms_norm_eps), theta = static_cast<float>(cfg.rope_theta);
   s.q = act_empty({T, nh, d}, dt, dev);
   s.k = act_empty({T, nkv, d}, dt, dev);
-  ops::norm_rope_forward(ctx, s.q_raw.view({T, nh, d}), w.q_norm, eps, batch.positions, theta, s.q, q_rstd);
-  ops::norm_rope_forward(ctx, s.k_raw.view({T, nkv, d}), w.k_norm, eps, batch.positions, theta, s.k, k_rstd);
+  ops::NormRopeFwdIO q{s.q_raw.view({T, nh, d}), w.q_norm, s.q, q_rstd};
+  ops::NormRopeFwdIO k{s.k_raw.view({T, nkv, d}), w.k_norm, s.k, k_rstd};
+  ops::norm_rope_forward_qk(ctx, q, k, eps, batch.positions, theta);
 }
 
 // softmax(q k^T / sqrt(d) + causal document mask) v -> attn, lse.
@@ -289,8 +290,9 @@ void attention_backward_part(Context& ctx, const ModelConfig& cfg, const LayerPa
   dattn = Tensor();
 
   // RoPE backward, then the per-head norms (one op each), in place: dq, dk become the raw gradients.
-  ops::norm_rope_backward(ctx, s.q_raw, w.q_norm, s.q_rstd, batch.positions, theta, dq, dq, g.q_norm);
-  ops::norm_rope_backward(ctx, s.k_raw, w.k_norm, s.k_rstd, batch.positions, theta, dk, dk, g.k_norm);
+  ops::NormRopeBwdIO gq{s.q_raw, w.q_norm, s.q_rstd, dq, dq, g.q_norm};
+  ops::NormRopeBwdIO gk{s.k_raw, w.k_norm, s.k_rstd, dk, dk, g.k_norm};
+  ops::norm_rope_backward_qk(ctx, gq, gk, batch.positions, theta);
 
   Tensor da = work_empty({T, H}, dt, dev);
   {

@@ -134,14 +134,19 @@ int64_t chunks_of(double rows) { return static_cast<int64_t>(std::min(rows, 256.
 // CUDA rmsnorm_backward: f32 partial dw sums [chunks, D]. The bf16 vector kernel (D a power of two
 // from 128 to 2048) takes rows per block = max(16, ceil(R / 512) rounded up to 8); the scalar one
 // chunks of 32 rows, at most 4M / D of them (cuda/rmsnorm.cu).
+// Blocks (so dw partial rows) of cuda/rmsnorm.cu's vectorised backward over R rows.
+int64_t rmsnorm_vec_chunks(int64_t R) {
+  const int64_t per = std::max<int64_t>(16, ((R + 511) / 512 + 7) / 8 * 8);
+  return (R + per - 1) / per;
+}
+
 void rmsnorm_bwd_scratch(Trace& t, const TraceShape& s, double rows, double D, double dt, bool accumulate = false) {
   if (!s.on_cuda) return;
   const auto R = static_cast<int64_t>(rows), d = static_cast<int64_t>(D);
   const bool vec = dt == 2 && (d == 128 || d == 256 || d == 512 || d == 1024 || d == 2048);
   int64_t chunks;
   if (vec) {
-    const int64_t per = std::max<int64_t>(16, ((R + 511) / 512 + 7) / 8 * 8);
-    chunks = (R + per - 1) / per;
+    chunks = rmsnorm_vec_chunks(R);
   } else {
     chunks = std::min<int64_t>({(R + 31) / 32, std::max<int64_t>((int64_t{4} << 20) / std::max<int64_t>(d, 1), 1),
                                 int64_t{65535}});
@@ -369,11 +374,24 @@ void layer_backward(Trace& t, const ModelConfig& c, const Dims& d, const TraceSh
   }
   attention_bwd_scratch(t, c, d, s);
   t.free(dattn);
-  // norm_rope_backward, q then k, into dq and dk (a temporary for the rotated gradient when not fused)
-  for (const auto& [heads, width] : {std::pair{d.nh, d.qw}, std::pair{d.nkv, d.kvw}}) {
-    const int tmp = norm_rope_fused(s, d, heads) ? -1 : W(T * width * dt, "d(normed) q or k");
-    rmsnorm_bwd_scratch(t, s, T * heads, static_cast<double>(c.head_dim), dt);
-    if (tmp >= 0) t.free(tmp);
+  // norm_rope_backward_qk into dq and dk. Both fused: one grid, q's and k's dw partials alive together.
+  // Otherwise q then k (a temporary for the rotated gradient of one that is not fused).
+  if (norm_rope_fused(s, d, d.nh) && norm_rope_fused(s, d, d.nkv)) {
+    const double hd = static_cast<double>(c.head_dim);
+    const int pq = t.alloc(TraceGroup::kLayerTemp, kWork,
+                           static_cast<double>(rmsnorm_vec_chunks(static_cast<int64_t>(T * d.nh))) * hd * 4,
+                           "q norm dw partials");
+    const int pk = t.alloc(TraceGroup::kLayerTemp, kWork,
+                           static_cast<double>(rmsnorm_vec_chunks(static_cast<int64_t>(T * d.nkv))) * hd * 4,
+                           "k norm dw partials");
+    t.free(pq);
+    t.free(pk);
+  } else {
+    for (const auto& [heads, width] : {std::pair{d.nh, d.qw}, std::pair{d.nkv, d.kvw}}) {
+      const int tmp = norm_rope_fused(s, d, heads) ? -1 : W(T * width * dt, "d(normed) q or k");
+      rmsnorm_bwd_scratch(t, s, T * heads, static_cast<double>(c.head_dim), dt);
+      if (tmp >= 0) t.free(tmp);
+    }
   }
   const int da = W(T * d.H * dt, "da");
   rmsnorm_bwd_scratch(t, s, T, d.H, dt, true);  // adds into dh: no dx

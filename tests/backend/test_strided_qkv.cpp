@@ -80,6 +80,59 @@ TEST(Backend, StridedQkvNormRope) {
   }
 }
 
+// norm_rope_forward_qk / backward_qk (q and k in one grid when both are fused) on the q|k|v column
+// blocks: the bits of the single op on each, and for d 64 (not fused) and mixed weight dtypes (one
+// after the other) as well.
+TEST(Backend, StridedQkvNormRopePair) {
+  MT_REQUIRE_GPU();
+  struct Case { int64_t T, nh, nkv, d; DType wk_dt; };
+  for (const Case c : {Case{301, 8, 2, 128, DType::kBF16}, Case{4096, 32, 4, 128, DType::kBF16},
+                       Case{77, 8, 2, 64, DType::kBF16}, Case{301, 8, 2, 128, DType::kF32}}) {
+    const int64_t T = c.T, d = c.d, W = (c.nh + 2 * c.nkv) * d;
+    const std::string tag = "T" + std::to_string(T) + " d" + std::to_string(d) + (c.wk_dt == DType::kF32 ? " k w f32" : "");
+    std::vector<int32_t> pos(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) pos[t] = static_cast<int32_t>((t * 131) % 4096);
+    Pair p = input_ints(pos, {T});
+    Pair qkv = input(randn(T * W, 95, 2.0f), {T, W}, DType::kBF16);
+    Pair wq = input(randu(d, 96, 0.5f, 1.5f), {d}, DType::kBF16), wk = input(randu(d, 97, 0.5f, 1.5f), {d}, c.wk_dt);
+    const Tensor xq = block(qkv.gpu, 0, c.nh * d, d), xk = block(qkv.gpu, c.nh * d, (c.nh + c.nkv) * d, d);
+    auto dev_empty = [](const Shape& s, DType dt) { return Tensor::empty(s, dt, Device::cuda(0)); };
+    ops::NormRopeFwdIO q{xq, wq.gpu, dev_empty({T, c.nh, d}, DType::kBF16), dev_empty({T * c.nh}, DType::kF32)};
+    ops::NormRopeFwdIO k{xk, wk.gpu, dev_empty({T, c.nkv, d}, DType::kBF16), dev_empty({T * c.nkv}, DType::kF32)};
+    ops::norm_rope_forward_qk(gpu_ctx(), q, k, 1e-6f, p.gpu, 1e6f);
+    Tensor yq = q.y.clone(), rq = q.rstd.clone(), yk = k.y.clone(), rk = k.rstd.clone();
+    ops::norm_rope_forward(gpu_ctx(), xq, wq.gpu, 1e-6f, p.gpu, 1e6f, yq, rq);
+    ops::norm_rope_forward(gpu_ctx(), xk, wk.gpu, 1e-6f, p.gpu, 1e6f, yk, rk);
+    device_sync();
+    expect_same_bits(q.y.to(Device::cpu()), yq.to(Device::cpu()), "qk forward y (q) " + tag);
+    expect_same_bits(q.rstd.to(Device::cpu()), rq.to(Device::cpu()), "qk forward rstd (q) " + tag);
+    expect_same_bits(k.y.to(Device::cpu()), yk.to(Device::cpu()), "qk forward y (k) " + tag);
+    expect_same_bits(k.rstd.to(Device::cpu()), rk.to(Device::cpu()), "qk forward rstd (k) " + tag);
+    // The k side against the CPU twin too.
+    Pair yc{Tensor::empty({T, c.nkv, d}, DType::kF32), k.y}, rc{Tensor::empty({T * c.nkv}, DType::kF32), k.rstd};
+    cpu::norm_rope_forward(cpu_ctx(), block(qkv.cpu, c.nh * d, (c.nh + c.nkv) * d, d).contiguous(), wk.cpu, 1e-6f,
+                           p.cpu, 1e6f, yc.cpu, rc.cpu);
+    check("norm_rope_forward_qk", "k y " + tag, yc, kTolBf16);
+
+    // Backward in place on the dq | dk blocks of one gradient matrix, against the single ops on a copy.
+    Pair g = input(randn(T * W, 98, 1.0f), {T, W}, DType::kBF16);
+    Tensor g2 = g.gpu.clone();
+    Tensor dq = block(g.gpu, 0, c.nh * d, d), dk = block(g.gpu, c.nh * d, (c.nh + c.nkv) * d, d);
+    Tensor dq2 = block(g2, 0, c.nh * d, d), dk2 = block(g2, c.nh * d, (c.nh + c.nkv) * d, d);
+    const auto w0 = randn(d, 99);
+    ops::NormRopeBwdIO bq{xq, wq.gpu, rq, dq, dq, input(w0, {d}, DType::kF32).gpu};
+    ops::NormRopeBwdIO bk{xk, wk.gpu, rk, dk, dk, input(w0, {d}, DType::kF32).gpu};
+    Tensor dwq = input(w0, {d}, DType::kF32).gpu, dwk = input(w0, {d}, DType::kF32).gpu;
+    ops::norm_rope_backward_qk(gpu_ctx(), bq, bk, p.gpu, 1e6f);
+    ops::norm_rope_backward(gpu_ctx(), xq, wq.gpu, rq, p.gpu, 1e6f, dq2, dq2, dwq);
+    ops::norm_rope_backward(gpu_ctx(), xk, wk.gpu, rk, p.gpu, 1e6f, dk2, dk2, dwk);
+    device_sync();
+    expect_same_bits(g.gpu.to(Device::cpu()), g2.to(Device::cpu()), "qk backward dq | dk | (untouched dv) " + tag);
+    expect_same_bits(bq.dw.to(Device::cpu()), dwq.to(Device::cpu()), "qk backward dw (q) " + tag);
+    expect_same_bits(bk.dw.to(Device::cpu()), dwk.to(Device::cpu()), "qk backward dw (k) " + tag);
+  }
+}
+
 TEST(Backend, StridedQkvAttention) {
   MT_REQUIRE_GPU();
   const std::vector<int32_t> docs = {0, 1, 130, 131, 400, 641};

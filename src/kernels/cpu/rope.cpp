@@ -82,4 +82,15 @@ void norm_rope_backward(Context& ctx, const Tensor& x, const Tensor& w, const Te
   }
 }
 
+void norm_rope_forward_qk(Context& ctx, ops::NormRopeFwdIO& q, ops::NormRopeFwdIO& k, float eps, const Tensor& pos,
+                          float theta) {
+  norm_rope_forward(ctx, q.x, q.w, eps, pos, theta, q.y, q.rstd);
+  norm_rope_forward(ctx, k.x, k.w, eps, pos, theta, k.y, k.rstd);
+}
+
+void norm_rope_backward_qk(Context& ctx, ops::NormRopeBwdIO& q, ops::NormRopeBwdIO& k, const Tensor& pos, float theta) {
+  norm_rope_backward(ctx, q.x, q.w, q.rstd, pos, theta, q.dy, q.dx, q.dw);
+  norm_rope_backward(ctx, k.x, k.w, k.rstd, pos, theta, k.dy, k.dx, k.dw);
+}
+
 }  // namespace moetrain::cpu

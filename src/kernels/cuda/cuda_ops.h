@@ -46,6 +46,9 @@ void norm_rope_forward(Context& ctx, const Tensor& x, const Tensor& w, float eps
                        Tensor& y, Tensor& rstd);
 void norm_rope_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& pos,
                         float theta, const Tensor& dy, Tensor& dx, Tensor& dw);
+void norm_rope_forward_qk(Context& ctx, ops::NormRopeFwdIO& q, ops::NormRopeFwdIO& k, float eps, const Tensor& pos,
+                          float theta);
+void norm_rope_backward_qk(Context& ctx, ops::NormRopeBwdIO& q, ops::NormRopeBwdIO& k, const Tensor& pos, float theta);
 void rope_forward(Context& ctx, const Tensor& x, const Tensor& pos, float theta, Tensor& y);
 void rope_backward(Context& ctx, const Tensor& dy, const Tensor& pos, float theta, Tensor& dx);
 

@@ -245,16 +245,17 @@ __device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(_
 
 // Rows [c * rows_per_block, ...) of block c, warp k taking rows k, k + 8, .... kRope (D = 128):
 // y = rope(bf16(rmsnorm(x))), the normed value rounded as rmsnorm_forward stores it.
+// The body takes its block index, so that norm_rope_fwd_pair_kernel can run two tensors in one grid.
 template <int EPL, typename W, bool kRope>
-__global__ void __launch_bounds__(32 * kRowsPerBlock) rmsnorm_fwd_vec_kernel(
-    const __nv_bfloat16* __restrict__ x, const W* __restrict__ w, float eps, __nv_bfloat16* __restrict__ y,
-    float* __restrict__ rstd, int64_t R, int64_t rows_per_block, RopeArgs ra, __nv_bfloat16* __restrict__ xcopy) {
-  pdl_wait();
+__device__ __forceinline__ void rmsnorm_fwd_rows(const __nv_bfloat16* __restrict__ x, const W* __restrict__ w, float eps,
+                                                 __nv_bfloat16* __restrict__ y, float* __restrict__ rstd, int64_t R,
+                                                 int64_t rows_per_block, const RopeArgs& ra,
+                                                 __nv_bfloat16* __restrict__ xcopy, int64_t block) {
   using L = Lanes<EPL>;
   constexpr int D = 32 * EPL;
   __shared__ RopeTable<kRope> tab;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t r0 = blockIdx.x * rows_per_block, r1 = min(R, r0 + rows_per_block);
+  const int64_t r0 = block * rows_per_block, r1 = min(R, r0 + rows_per_block);
   const int64_t t0 = r0 / ra.heads;
   fill_rope_table<kRope>(tab, ra, t0, (r1 - 1) / ra.heads - t0 + 1);
   // Long rows (EPL >= 32) read a lane's weights where they are used: held in registers across the
@@ -293,17 +294,23 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock) rmsnorm_fwd_vec_kernel(
     L::store(y + r * D, lane, v);
   }
 }
+template <int EPL, typename W, bool kRope>
+__global__ void __launch_bounds__(32 * kRowsPerBlock) rmsnorm_fwd_vec_kernel(
+    const __nv_bfloat16* __restrict__ x, const W* __restrict__ w, float eps, __nv_bfloat16* __restrict__ y,
+    float* __restrict__ rstd, int64_t R, int64_t rows_per_block, RopeArgs ra, __nv_bfloat16* __restrict__ xcopy) {
+  pdl_wait();
+  rmsnorm_fwd_rows<EPL, W, kRope>(x, w, eps, y, rstd, R, rows_per_block, ra, xcopy, blockIdx.x);
+}
 
 // Same rows; dx as the scalar kernel (+ the old dx when accumulate), and partial[c, :] = sum over the
 // block's rows of dy * x * rstd, the 8 warps' register sums added in a fixed tree through shared
 // memory (deterministic). kRope (D = 128): dy is first rotated back and rounded, as rope_backward
 // stores it. dx may alias dy: a warp reads its row before writing it.
 template <int EPL, typename W, bool kRope>
-__global__ void __launch_bounds__(32 * kRowsPerBlock) rmsnorm_bwd_vec_kernel(
-    const __nv_bfloat16* __restrict__ x, const W* __restrict__ w, const float* __restrict__ rstd,
-    const __nv_bfloat16* dy, __nv_bfloat16* dx, bool accumulate, int64_t R, int64_t rows_per_block,
-    float* __restrict__ partial, RopeArgs ra) {
-  pdl_wait();
+__device__ __forceinline__ void rmsnorm_bwd_rows(const __nv_bfloat16* __restrict__ x, const W* __restrict__ w,
+                                                 const float* __restrict__ rstd, const __nv_bfloat16* dy,
+                                                 __nv_bfloat16* dx, bool accumulate, int64_t R, int64_t rows_per_block,
+                                                 float* __restrict__ partial, const RopeArgs& ra, int64_t block) {
   using L = Lanes<EPL>;
   constexpr int D = 32 * EPL;
   __shared__ float sums[kRowsPerBlock / 2][D];  // 32 KB at D = 2048
@@ -313,7 +320,7 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock) rmsnorm_bwd_vec_kernel(
   constexpr bool kWShared = EPL >= 64;
   __shared__ float sw[kWShared ? D : 1];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t r0 = blockIdx.x * rows_per_block, r1 = min(R, r0 + rows_per_block);
+  const int64_t r0 = block * rows_per_block, r1 = min(R, r0 + rows_per_block);
   const int64_t t0 = r0 / ra.heads;
   fill_rope_table<kRope>(tab, ra, t0, (r1 - 1) / ra.heads - t0 + 1);
   float wr[kWShared ? 1 : EPL], acc[EPL];
@@ -374,12 +381,58 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock) rmsnorm_bwd_vec_kernel(
     __syncthreads();
   }
   if (warp == 0) {
-    float* out = partial + blockIdx.x * (int64_t)D;
+    float* out = partial + block * (int64_t)D;
 #pragma unroll
     for (int j = 0; j < L::kNV; ++j)
 #pragma unroll
       for (int i = 0; i < L::kVec; ++i) out[L::col(j, lane) + i] = acc[j * L::kVec + i];
   }
+}
+template <int EPL, typename W, bool kRope>
+__global__ void __launch_bounds__(32 * kRowsPerBlock) rmsnorm_bwd_vec_kernel(
+    const __nv_bfloat16* __restrict__ x, const W* __restrict__ w, const float* __restrict__ rstd,
+    const __nv_bfloat16* dy, __nv_bfloat16* dx, bool accumulate, int64_t R, int64_t rows_per_block,
+    float* __restrict__ partial, RopeArgs ra) {
+  pdl_wait();
+  rmsnorm_bwd_rows<EPL, W, kRope>(x, w, rstd, dy, dx, accumulate, R, rows_per_block, partial, ra, blockIdx.x);
+}
+
+// ---- q and k in one grid (norm_rope_*_qk): blocks [0, a.blocks) run tensor a (q), the rest tensor
+// b (k), each exactly as its own launch would. The k calls are short (4 heads: a few rows a warp) and
+// bound by latency; beside the q blocks they cost little.
+template <typename W>
+struct NormRopeJob {
+  const __nv_bfloat16* x;
+  const W* w;
+  const float* rstd_in;   // backward
+  const __nv_bfloat16* dy;  // backward
+  __nv_bfloat16* out;     // forward y, backward dx
+  float* rstd_out;        // forward
+  float* partial;         // backward: [blocks, 128] dw partials
+  int64_t R, rows_per_block, blocks;
+  RopeArgs ra;
+};
+template <typename W>
+__global__ void __launch_bounds__(32 * kRowsPerBlock)
+    norm_rope_fwd_pair_kernel(const __grid_constant__ NormRopeJob<W> a, const __grid_constant__ NormRopeJob<W> b,
+                              float eps) {
+  pdl_wait();
+  if (blockIdx.x < a.blocks)
+    rmsnorm_fwd_rows<4, W, true>(a.x, a.w, eps, a.out, a.rstd_out, a.R, a.rows_per_block, a.ra, nullptr, blockIdx.x);
+  else
+    rmsnorm_fwd_rows<4, W, true>(b.x, b.w, eps, b.out, b.rstd_out, b.R, b.rows_per_block, b.ra, nullptr,
+                                 blockIdx.x - a.blocks);
+}
+template <typename W>
+__global__ void __launch_bounds__(32 * kRowsPerBlock)
+    norm_rope_bwd_pair_kernel(const __grid_constant__ NormRopeJob<W> a, const __grid_constant__ NormRopeJob<W> b) {
+  pdl_wait();
+  if (blockIdx.x < a.blocks)
+    rmsnorm_bwd_rows<4, W, true>(a.x, a.w, a.rstd_in, a.dy, a.out, false, a.R, a.rows_per_block, a.partial, a.ra,
+                                 blockIdx.x);
+  else
+    rmsnorm_bwd_rows<4, W, true>(b.x, b.w, b.rstd_in, b.dy, b.out, false, b.R, b.rows_per_block, b.partial, b.ra,
+                                 blockIdx.x - a.blocks);
 }
 
 bool rmsnorm_vec_ok(const Tensor& x, const Tensor& w, std::initializer_list<const Tensor*> rows) {
@@ -516,6 +569,17 @@ bool norm_rope_fusable(const Tensor& x, const Tensor& w, const Tensor& out, int6
          (rows_per_block + heads - 1) / heads + 1 <= kRopeMaxTokens;
 }
 bool is_16_aligned(int64_t bytes) { return bytes % 16 == 0; }
+int64_t rope_rows(const Tensor& x) { return x.size(0) * x.size(1); }
+// Whether norm_rope_forward / norm_rope_backward take the fused kernel (else the pair of ops).
+bool fwd_fused(const Tensor& x, const Tensor& w, const Tensor& y) {
+  const int64_t R = rope_rows(x);
+  return R > 0 && norm_rope_fusable(x, w, y, rmsnorm_bwd_rows_per_block(R)) && is_16_aligned(x.stride(0) * 2);
+}
+bool bwd_fused(const Tensor& x, const Tensor& w, const Tensor& dy, const Tensor& dx) {
+  const int64_t R = rope_rows(x);
+  return R > 0 && norm_rope_fusable(x, w, dx, rmsnorm_bwd_rows_per_block(R)) && rmsnorm_vec_ok(x, w, {&dy}) &&
+         is_16_aligned(x.stride(0) * 2) && is_16_aligned(dy.stride(0) * 2) && is_16_aligned(dx.stride(0) * 2);
+}
 RopeArgs rope_args(const Tensor& pos, float theta, int64_t heads, float sign) {
   RopeArgs ra;
   ra.pos = pos.data<int32_t>();
@@ -526,6 +590,44 @@ RopeArgs rope_args(const Tensor& pos, float theta, int64_t heads, float sign) {
     ra.inv.v[i] = 1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(d));
   return ra;
 }
+template <typename W>
+NormRopeJob<W> rope_job(const Tensor& x, const Tensor& w, const Tensor& pos, float theta, float sign) {
+  NormRopeJob<W> j{};
+  j.x = static_cast<const __nv_bfloat16*>(x.data_ptr());
+  j.w = static_cast<const W*>(w.data_ptr());
+  j.R = rope_rows(x);
+  j.rows_per_block = rmsnorm_bwd_rows_per_block(j.R);
+  j.blocks = (j.R + j.rows_per_block - 1) / j.rows_per_block;
+  j.ra = rope_args(pos, theta, x.size(1), sign);
+  if (!x.is_contiguous()) j.ra.x_row = x.stride(0);
+  return j;
+}
+template <typename W>
+NormRopeJob<W> fwd_job(const Tensor& x, const Tensor& w, const Tensor& pos, float theta, Tensor& y, Tensor& rstd) {
+  NormRopeJob<W> j = rope_job<W>(x, w, pos, theta, 1.0f);
+  j.out = static_cast<__nv_bfloat16*>(y.data_ptr());
+  j.rstd_out = rstd.data<float>();
+  return j;
+}
+// The dw partials ([blocks, 128] f32) live in `scratch`, which the caller keeps until column_sum_add ran.
+template <typename W>
+NormRopeJob<W> bwd_job(Context& ctx, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& pos,
+                       float theta, const Tensor& dy, Tensor& dx, Tensor& scratch) {
+  NormRopeJob<W> j = rope_job<W>(x, w, pos, theta, -1.0f);
+  j.rstd_in = rstd.data<float>();
+  j.dy = static_cast<const __nv_bfloat16*>(dy.data_ptr());
+  j.out = static_cast<__nv_bfloat16*>(dx.data_ptr());
+  if (!dy.is_contiguous()) j.ra.dy_row = dy.stride(0);
+  if (!dx.is_contiguous()) j.ra.dx_row = dx.stride(0);
+  scratch = device_scratch(ctx, j.blocks * 2 * kRopeHalf * 4);
+  j.partial = static_cast<float*>(scratch.data_ptr());
+  return j;
+}
+template <typename W>
+void add_dw_partials(cudaStream_t s, const NormRopeJob<W>& j, Tensor& dw) {
+  launch_pdl(column_sum_add_kernel, static_cast<unsigned>((2 * kRopeHalf + 31) / 32), dim3(32, 32), 0, s, j.partial,
+             j.blocks, int64_t{2 * kRopeHalf}, dw.data<float>());
+}
 }  // namespace
 
 void norm_rope_forward(Context& ctx, const Tensor& x, const Tensor& w, float eps, const Tensor& pos, float theta,
@@ -534,8 +636,7 @@ void norm_rope_forward(Context& ctx, const Tensor& x, const Tensor& w, float eps
   need_cuda(pos, op, "pos");
   const int64_t T = x.size(0), heads = x.size(1), d = x.size(2), R = T * heads;
   if (!R) return;
-  const int64_t rows_per_block = rmsnorm_bwd_rows_per_block(R);
-  if (!norm_rope_fusable(x, w, y, rows_per_block) || !is_16_aligned(x.stride(0) * 2)) {
+  if (!fwd_fused(x, w, y)) {
     // the pair, through a temporary (and a packed copy of a token-strided x)
     const Tensor xp = packed_rows(ctx, x);  // the scalar fallbacks read packed rows
     Tensor xn = Tensor::empty({R, d}, x.dtype(), x.device(), MemCategory::kWorkspace);
@@ -544,13 +645,11 @@ void norm_rope_forward(Context& ctx, const Tensor& x, const Tensor& w, float eps
     return;
   }
   need_cuda(rstd, op, "rstd");
-  const unsigned blocks = static_cast<unsigned>((R + rows_per_block - 1) / rows_per_block);
-  RopeArgs ra = rope_args(pos, theta, heads, 1.0f);
-  if (!x.is_contiguous()) ra.x_row = x.stride(0);
-  MT_CUDA_DISPATCH(w.dtype(), W, op,
-    launch_pdl(rmsnorm_fwd_vec_kernel<4, W, true>, blocks, 32 * kRowsPerBlock, 0, stream_of(ctx),
-        static_cast<const __nv_bfloat16*>(x.data_ptr()), static_cast<const W*>(w.data_ptr()), eps,
-        static_cast<__nv_bfloat16*>(y.data_ptr()), rstd.data<float>(), R, rows_per_block, ra, nullptr));
+  MT_CUDA_DISPATCH(w.dtype(), W, op, {
+    const NormRopeJob<W> j = fwd_job<W>(x, w, pos, theta, y, rstd);
+    launch_pdl(rmsnorm_fwd_vec_kernel<4, W, true>, static_cast<unsigned>(j.blocks), 32 * kRowsPerBlock, 0,
+               stream_of(ctx), j.x, j.w, eps, j.out, j.rstd_out, j.R, j.rows_per_block, j.ra, nullptr);
+  });
   check_launch(op);
 }
 
@@ -560,10 +659,7 @@ void norm_rope_backward(Context& ctx, const Tensor& x, const Tensor& w, const Te
   need_cuda(pos, op, "pos");
   const int64_t T = x.size(0), heads = x.size(1), d = x.size(2), R = T * heads;
   if (!R) return;
-  const int64_t rows_per_block = rmsnorm_bwd_rows_per_block(R);
-  const bool aligned =
-      is_16_aligned(x.stride(0) * 2) && is_16_aligned(dy.stride(0) * 2) && is_16_aligned(dx.stride(0) * 2);
-  if (!norm_rope_fusable(x, w, dx, rows_per_block) || !rmsnorm_vec_ok(x, w, {&dy}) || !aligned) {
+  if (!bwd_fused(x, w, dy, dx)) {
     // the pair, through temporaries (packed copies of a token-strided x, dy or dx)
     const Tensor xp = packed_rows(ctx, x);  // the scalar fallbacks read packed rows
     Tensor dxn = Tensor::empty({T, heads, d}, dy.dtype(), dy.device(), MemCategory::kWorkspace);
@@ -577,20 +673,57 @@ void norm_rope_backward(Context& ctx, const Tensor& x, const Tensor& w, const Te
   need_cuda(rstd, op, "rstd");
   need_cuda(dw, op, "dw");
   cudaStream_t s = stream_of(ctx);
-  const int64_t chunks = (R + rows_per_block - 1) / rows_per_block;
-  Tensor scratch = device_scratch(ctx, chunks * d * 4);
-  float* partial = static_cast<float*>(scratch.data_ptr());
-  RopeArgs ra = rope_args(pos, theta, heads, -1.0f);
-  if (!x.is_contiguous()) ra.x_row = x.stride(0);
-  if (!dy.is_contiguous()) ra.dy_row = dy.stride(0);
-  if (!dx.is_contiguous()) ra.dx_row = dx.stride(0);
-  MT_CUDA_DISPATCH(w.dtype(), W, op,
-    launch_pdl(rmsnorm_bwd_vec_kernel<4, W, true>, static_cast<unsigned>(chunks), 32 * kRowsPerBlock, 0, s,
-        static_cast<const __nv_bfloat16*>(x.data_ptr()), static_cast<const W*>(w.data_ptr()), rstd.data<float>(),
-        static_cast<const __nv_bfloat16*>(dy.data_ptr()), static_cast<__nv_bfloat16*>(dx.data_ptr()), false, R,
-        rows_per_block, partial, ra));
-  launch_pdl(column_sum_add_kernel, static_cast<unsigned>((d + 31) / 32), dim3(32, 32), 0, s, partial, chunks, d,
-                                                                                      dw.data<float>());
+  Tensor scratch;
+  MT_CUDA_DISPATCH(w.dtype(), W, op, {
+    const NormRopeJob<W> j = bwd_job<W>(ctx, x, w, rstd, pos, theta, dy, dx, scratch);
+    launch_pdl(rmsnorm_bwd_vec_kernel<4, W, true>, static_cast<unsigned>(j.blocks), 32 * kRowsPerBlock, 0, s, j.x,
+               j.w, j.rstd_in, j.dy, j.out, false, j.R, j.rows_per_block, j.partial, j.ra);
+    add_dw_partials(s, j, dw);
+  });
+  check_launch(op);
+}
+
+// q and k in one grid when both take the fused kernel with one weight dtype; otherwise one after the
+// other. Either way each tensor's results are those of its own call.
+void norm_rope_forward_qk(Context& ctx, ops::NormRopeFwdIO& q, ops::NormRopeFwdIO& k, float eps, const Tensor& pos,
+                          float theta) {
+  const char* op = "norm_rope_forward_qk";
+  if (!fwd_fused(q.x, q.w, q.y) || !fwd_fused(k.x, k.w, k.y) || q.w.dtype() != k.w.dtype()) {
+    norm_rope_forward(ctx, q.x, q.w, eps, pos, theta, q.y, q.rstd);
+    norm_rope_forward(ctx, k.x, k.w, eps, pos, theta, k.y, k.rstd);
+    return;
+  }
+  need_cuda(pos, op, "pos");
+  need_cuda(q.rstd, op, "q rstd");
+  need_cuda(k.rstd, op, "k rstd");
+  MT_CUDA_DISPATCH(q.w.dtype(), W, op, {
+    const NormRopeJob<W> a = fwd_job<W>(q.x, q.w, pos, theta, q.y, q.rstd);
+    const NormRopeJob<W> b = fwd_job<W>(k.x, k.w, pos, theta, k.y, k.rstd);
+    launch_pdl(norm_rope_fwd_pair_kernel<W>, static_cast<unsigned>(a.blocks + b.blocks), 32 * kRowsPerBlock, 0,
+               stream_of(ctx), a, b, eps);
+  });
+  check_launch(op);
+}
+
+void norm_rope_backward_qk(Context& ctx, ops::NormRopeBwdIO& q, ops::NormRopeBwdIO& k, const Tensor& pos, float theta) {
+  const char* op = "norm_rope_backward_qk";
+  if (!bwd_fused(q.x, q.w, q.dy, q.dx) || !bwd_fused(k.x, k.w, k.dy, k.dx) || q.w.dtype() != k.w.dtype()) {
+    norm_rope_backward(ctx, q.x, q.w, q.rstd, pos, theta, q.dy, q.dx, q.dw);
+    norm_rope_backward(ctx, k.x, k.w, k.rstd, pos, theta, k.dy, k.dx, k.dw);
+    return;
+  }
+  need_cuda(pos, op, "pos");
+  for (const Tensor* t : {&q.rstd, &q.dw, &k.rstd, &k.dw}) need_cuda(*t, op, "rstd / dw");
+  cudaStream_t s = stream_of(ctx);
+  Tensor scratch_q, scratch_k;  // q's partials, then k's (the planner's order)
+  MT_CUDA_DISPATCH(q.w.dtype(), W, op, {
+    const NormRopeJob<W> a = bwd_job<W>(ctx, q.x, q.w, q.rstd, pos, theta, q.dy, q.dx, scratch_q);
+    const NormRopeJob<W> b = bwd_job<W>(ctx, k.x, k.w, k.rstd, pos, theta, k.dy, k.dx, scratch_k);
+    launch_pdl(norm_rope_bwd_pair_kernel<W>, static_cast<unsigned>(a.blocks + b.blocks), 32 * kRowsPerBlock, 0, s, a,
+               b);
+    add_dw_partials(s, a, q.dw);
+    add_dw_partials(s, b, k.dw);
+  });
   check_launch(op);
 }
 

@@ -110,6 +110,48 @@ TEST(NormRope, ForwardBackwardAgainstDouble) {
   EXPECT_THROW(ops::norm_rope_forward(ctx, xt, wt, 1e-5f, pt, 1e4f, y, bad_rstd), Error);
 }
 
+// q and k in one call: exactly the single op on each, and each side's bad input is named.
+TEST(NormRope, QkPairIsTheSingleOpOnEach) {
+  Context ctx;
+  const int64_t T = 6, nh = 4, nkv = 2, d = 8;
+  const std::vector<int32_t> pos = {0, 5, 1, 2, 7, 3};
+  Tensor pt = ints(pos, {T});
+  Tensor xq = tensor(randn(T * nh * d, 51), {T, nh, d}), xk = tensor(randn(T * nkv * d, 52), {T, nkv, d});
+  Tensor wq = tensor(randn(d, 53), {d}), wk = tensor(randn(d, 54), {d});
+  ops::NormRopeFwdIO q{xq, wq, poisoned({T, nh, d}), poisoned({T * nh})};
+  ops::NormRopeFwdIO k{xk, wk, poisoned({T, nkv, d}), poisoned({T * nkv})};
+  ops::norm_rope_forward_qk(ctx, q, k, 1e-6f, pt, 1e4f);
+  Tensor yq = poisoned({T, nh, d}), rq = poisoned({T * nh}), yk = poisoned({T, nkv, d}), rk = poisoned({T * nkv});
+  ops::norm_rope_forward(ctx, xq, wq, 1e-6f, pt, 1e4f, yq, rq);
+  ops::norm_rope_forward(ctx, xk, wk, 1e-6f, pt, 1e4f, yk, rk);
+  expect_close(q.y, to_d(yq), 0, 0, "qk forward y (q)");
+  expect_close(q.rstd, to_d(rq), 0, 0, "qk forward rstd (q)");
+  expect_close(k.y, to_d(yk), 0, 0, "qk forward y (k)");
+  expect_close(k.rstd, to_d(rk), 0, 0, "qk forward rstd (k)");
+
+  const auto gq = randn(T * nh * d, 55), gk = randn(T * nkv * d, 56), w0 = randn(d, 57);
+  Tensor dq = tensor(gq, {T, nh, d}), dk = tensor(gk, {T, nkv, d});
+  ops::NormRopeBwdIO bq{xq, wq, rq, dq, dq, tensor(w0, {d})};
+  ops::NormRopeBwdIO bk{xk, wk, rk, dk, dk, tensor(w0, {d})};
+  ops::norm_rope_backward_qk(ctx, bq, bk, pt, 1e4f);
+  Tensor dq1 = tensor(gq, {T, nh, d}), dk1 = tensor(gk, {T, nkv, d}), dwq = tensor(w0, {d}), dwk = tensor(w0, {d});
+  ops::norm_rope_backward(ctx, xq, wq, rq, pt, 1e4f, dq1, dq1, dwq);
+  ops::norm_rope_backward(ctx, xk, wk, rk, pt, 1e4f, dk1, dk1, dwk);
+  expect_close(dq, to_d(dq1), 0, 0, "qk backward dx (q)");
+  expect_close(dk, to_d(dk1), 0, 0, "qk backward dx (k)");
+  expect_close(bq.dw, to_d(dwq), 0, 0, "qk backward dw (q)");
+  expect_close(bk.dw, to_d(dwk), 0, 0, "qk backward dw (k)");
+
+  ops::NormRopeFwdIO bad{xk, wk, poisoned({T, nkv, d}), poisoned({T})};  // k's rstd is [T], not [T*nkv]
+  try {
+    ops::norm_rope_forward_qk(ctx, q, bad, 1e-6f, pt, 1e4f);
+    ADD_FAILURE() << "a wrong rstd shape was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("norm_rope_forward_qk (k)"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("rstd"), std::string::npos) << e.what();
+  }
+}
+
 TEST(RoPE, LargePositionUsesFp32AngleOfHF) {
   // Dim pair 0 has inv_freq exactly 1, so the fp32 angle is the position itself (exact), and the
   // result must match a double evaluation at that angle to fp32 rounding.
