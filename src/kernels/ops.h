@@ -88,7 +88,8 @@ void norm_rope_backward(Context& ctx, const Tensor& x /*[T,heads,d]*/, const Ten
                         const Tensor& dy /*[T,heads,d]*/, Tensor& dx /*[T,heads,d]*/, Tensor& dw /*[d] f32, +=*/);
 // A layer's q and k in one call: exactly norm_rope_forward / norm_rope_backward on q, then on k (each
 // side is checked as those ops check it). On CUDA the fused kernels run both in one grid, so the
-// short k rows run beside the q rows instead of after them.
+// short k rows run beside the q rows instead of after them; so what one side writes must not
+// overlap what the other reads (q and k column blocks of one q|k|v matrix are fine).
 struct NormRopeFwdIO {
   Tensor x, w;     // [T,heads,d], [d]
   Tensor y, rstd;  // out: [T,heads,d], [T*heads] f32
