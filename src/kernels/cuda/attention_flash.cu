@@ -5,6 +5,7 @@
 // MT_ATTN_NONDETERMINISTIC=1 (read once) lets the sm90 backward add dQ partials in arrival order.
 #include "kernels/cuda/attention_flash.cuh"
 
+#include <algorithm>
 #include <string>
 
 #include "core/env.h"
@@ -32,6 +33,15 @@ void check(cudaError_t e, const char* op) {
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
+// The query-tile kernels launch one grid row per 128 queries (gridDim.y <= 65535).
+void check_tokens(const FlashAttnProblem& p, const char* op) {
+  constexpr int bm = std::min(flash::kFwdBM, flash::kWgBM);
+  MT_CHECK(flash::query_grid_ok(p.T, bm),
+           "[{}] {} tokens in one micro-batch: the flash attention kernels take at most {} (65535 tiles of {} "
+           "queries); use a shorter sequence or a smaller micro-batch",
+           op, p.T, int64_t{65535} * bm, bm);
+}
+
 }  // namespace
 
 bool flash_attention_supported(int64_t d, std::initializer_list<const void*> ptrs) {
@@ -46,6 +56,7 @@ bool flash_attention_strided_ok(const Context& ctx, std::initializer_list<int64_
 }
 
 void flash_attention_forward(Context& ctx, const FlashAttnProblem& p, __nv_bfloat16* out, float* lse) {
+  check_tokens(p, "attention_forward");
   check(flash::forward(p, out, lse, arch_of(ctx), stream_of(ctx)), "attention_forward");
 }
 
@@ -54,6 +65,7 @@ void flash_attention_backward(Context& ctx, const FlashAttnProblem& p, const __n
                               __nv_bfloat16* dv) {
   const flash::Arch arch = arch_of(ctx);
   const int sms = ctx.facts().sm_count;
+  check_tokens(p, "attention_backward");
   Tensor scratch = device_scratch(ctx, static_cast<int64_t>(flash::backward_workspace_bytes(p, arch, sms)));
   check(flash::backward(p, out, lse, dout, dq, dk, dv, scratch.data_ptr(), arch, sms, deterministic(),
                         stream_of(ctx)),
