@@ -19,6 +19,10 @@ double median_of(std::vector<double> v);  // 0 for an empty vector
 // Median over `reps` timed calls of fn() after `warmup` untimed ones, in ms. Each timed call is
 // one profiler region, so on the GPU it is device time between two events on ctx's stream.
 double median_ms(Context& ctx, int warmup, int reps, const std::function<void()>& fn);
+// The same for several functions compared with each other: each is warmed up, then every repetition
+// times each of them once, in turn. Their medians, in the order given.
+std::vector<double> median_ms_interleaved(Context& ctx, int warmup, int reps,
+                                          const std::vector<std::function<void()>>& fns);
 
 // The dense GEMM ceiling: C[n,n] = A[n,n] B[n,n] through ops::matmul (cuBLAS bf16 on the GPU,
 // OpenBLAS f32 on the CPU), median of `reps` calls.

@@ -31,22 +31,36 @@ double median_of(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-double median_ms(Context& ctx, int warmup, int reps, const std::function<void()>& fn) {
-  for (int i = 0; i < warmup; ++i) fn();
-  std::vector<double> t;
-  for (int i = 0; i < std::max(reps, 1); ++i) {
-    Profiler::enable(true);
-    {
-      const ProfileScope region(ctx, "bench", ProfileKind::kRegion);
-      fn();
-    }
-    double ms = 0;
-    for (const ProfileEntry& e : Profiler::report())
-      if (e.kind == ProfileKind::kRegion && e.name == "bench") ms = e.total_ms;
-    t.push_back(ms);
+namespace {
+// One timed call: GPU time between CUDA events around fn (the profiler's region), in ms.
+double sample_ms(Context& ctx, const std::function<void()>& fn) {
+  Profiler::enable(true);
+  {
+    const ProfileScope region(ctx, "bench", ProfileKind::kRegion);
+    fn();
   }
+  double ms = 0;
+  for (const ProfileEntry& e : Profiler::report())
+    if (e.kind == ProfileKind::kRegion && e.name == "bench") ms = e.total_ms;
   Profiler::enable(false);
-  return median_of(t);
+  return ms;
+}
+}  // namespace
+
+double median_ms(Context& ctx, int warmup, int reps, const std::function<void()>& fn) {
+  return median_ms_interleaved(ctx, warmup, reps, {fn}).front();
+}
+
+std::vector<double> median_ms_interleaved(Context& ctx, int warmup, int reps,
+                                          const std::vector<std::function<void()>>& fns) {
+  for (const auto& fn : fns)
+    for (int i = 0; i < warmup; ++i) fn();
+  std::vector<std::vector<double>> t(fns.size());
+  for (int i = 0; i < std::max(reps, 1); ++i)
+    for (size_t f = 0; f < fns.size(); ++f) t[f].push_back(sample_ms(ctx, fns[f]));
+  std::vector<double> med;
+  for (const auto& v : t) med.push_back(median_of(v));
+  return med;
 }
 
 namespace {
@@ -70,9 +84,21 @@ struct Rows {
   const EnergyMeter* meter = nullptr;  // null or unavailable: no energy columns
   nlohmann::json out = nlohmann::json::array();
 
-  Measure time(const std::function<void()>& fn) {
+  Measure time(const std::function<void()>& fn) { return time_interleaved({fn}).front(); }
+
+  // Cases compared with each other: one sample of each in turn per repetition, so that the GPU's
+  // clock and power state (the 700 W cap on an H100) drift alike for all of them; then each one's
+  // energy, when asked for, as time() does.
+  std::vector<Measure> time_interleaved(const std::vector<std::function<void()>>& fns) {
+    const std::vector<double> ms = median_ms_interleaved(ctx, o.warmup, o.reps, fns);
+    std::vector<Measure> out;
+    for (size_t i = 0; i < fns.size(); ++i) out.push_back(energy(fns[i], ms[i]));
+    return out;
+  }
+
+  Measure energy(const std::function<void()>& fn, double ms) {
     Measure m;
-    m.ms = median_ms(ctx, o.warmup, o.reps, fn);
+    m.ms = ms;
     if (!meter || !meter->available() || o.energy_s <= 0 || m.ms <= 0) return m;
     // NVML's counter moves in steps of up to 0.1 s: a window of energy_s seconds is good to about
     // 0.2 / energy_s of its joules.
@@ -295,6 +321,15 @@ void bench_loss_head(Context& ctx, const ModelConfig& mc, const KernelBenchOptio
     Tensor dw = Tensor::zeros({V, H}, gdt, ctx.device());
     const std::string gkey = gdt == DType::kF32 ? "" : ".bf16grad";
     const std::string gtag = fmt::format("{} dW", dtype_name(gdt));
+    // The cases of this gradient dtype, timed interleaved (Rows::time_interleaved): the chunked and
+    // unfused heads run under the same clock and power drift, which moved either one by up to 2 ms
+    // between back-to-back runs on an H100 (docs/performance.md, round 30).
+    struct Case {
+      std::string key, name;
+      std::function<void()> fn;
+      double peak = -1;
+    };
+    std::vector<Case> cases;
     // The model's path: chunks of ModelOptions' default size (or --ce-chunks), dlogits in place. Each
     // is timed adding to the lm_head gradient (a later micro-batch) and writing it (a step's first).
     std::vector<int64_t> chunks = o.ce_chunks;
@@ -303,36 +338,40 @@ void bench_loss_head(Context& ctx, const ModelConfig& mc, const KernelBenchOptio
     for (const int64_t c : chunks) {
       const int64_t chunk = loss_head_chunk_rows(T, V, dt, c, 0);
       for (const bool first : {false, true}) {
-        auto chunked = [&] {
+        auto chunked = [&, chunk, first] {
           LossHeadIO io;
           io.nll = nll, io.lse = lse, io.dx = dx, io.dw = dw, io.dw_overwrite = first;
           loss_head(ctx, x, w, labels, weights, chunk, io);
         };
-        const double pc = peak_extra_bytes(ctx, chunked);
         const std::string rtag = chunks.size() > 1 ? fmt::format(".r{}", chunk) : "";  // keys stay unique
-        rows.add("loss_head.chunked" + gkey + rtag + (first ? ".write" : ""),
-                 fmt::format("{} chunked ({} rows/chunk) fwd+bwd, {} {}", tag, chunk, gtag, first ? "written" : "+="),
-                 rows.time(chunked), f, pc);
+        cases.push_back({"loss_head.chunked" + gkey + rtag + (first ? ".write" : ""),
+                         fmt::format("{} chunked ({} rows/chunk) fwd+bwd, {} {}", tag, chunk, gtag,
+                                     first ? "written" : "+="),
+                         chunked});
       }
     }
     // Unfused: the whole [T,V] logits, CE forward, dlogits [T,V], then the two GEMMs.
-    bool first = false;
-    auto unfused = [&] {
-      Tensor logits = Tensor::empty({T, V}, dt, ctx.device(), MemCategory::kWorkspace);
-      ops::matmul(ctx, x, Trans::kNo, w, Trans::kYes, logits);
-      ops::cross_entropy_forward(ctx, logits, labels, Tensor(), nll, lse);
-      Tensor dlogits = Tensor::empty({T, V}, dt, ctx.device(), MemCategory::kWorkspace);
-      ops::cross_entropy_backward(ctx, logits, labels, weights, lse, 1.0f, dlogits);
-      ops::matmul(ctx, dlogits, Trans::kNo, w, Trans::kNo, dx);
-      ops::matmul(ctx, dlogits, Trans::kYes, x, Trans::kNo, dw, 1.0f, first ? 0.0f : 1.0f);
-    };
-    for (const bool f1 : {false, true}) {
-      first = f1;
-      const double pu = peak_extra_bytes(ctx, unfused);
-      rows.add(std::string("loss_head.unfused") + gkey + (first ? ".write" : ""),
-               fmt::format("{} unfused GEMM+CE fwd+bwd, {} {}", tag, gtag, first ? "written" : "+="),
-               rows.time(unfused), f, pu);
+    for (const bool first : {false, true}) {
+      auto unfused = [&, first] {
+        Tensor logits = Tensor::empty({T, V}, dt, ctx.device(), MemCategory::kWorkspace);
+        ops::matmul(ctx, x, Trans::kNo, w, Trans::kYes, logits);
+        ops::cross_entropy_forward(ctx, logits, labels, Tensor(), nll, lse);
+        Tensor dlogits = Tensor::empty({T, V}, dt, ctx.device(), MemCategory::kWorkspace);
+        ops::cross_entropy_backward(ctx, logits, labels, weights, lse, 1.0f, dlogits);
+        ops::matmul(ctx, dlogits, Trans::kNo, w, Trans::kNo, dx);
+        ops::matmul(ctx, dlogits, Trans::kYes, x, Trans::kNo, dw, 1.0f, first ? 0.0f : 1.0f);
+      };
+      cases.push_back({std::string("loss_head.unfused") + gkey + (first ? ".write" : ""),
+                       fmt::format("{} unfused GEMM+CE fwd+bwd, {} {}", tag, gtag, first ? "written" : "+="),
+                       unfused});
     }
+    std::vector<std::function<void()>> fns;
+    for (Case& k : cases) {
+      k.peak = peak_extra_bytes(ctx, k.fn);
+      fns.push_back(k.fn);
+    }
+    const std::vector<Measure> ms = rows.time_interleaved(fns);
+    for (size_t i = 0; i < cases.size(); ++i) rows.add(cases[i].key, cases[i].name, ms[i], f, cases[i].peak);
   }
 }
 
