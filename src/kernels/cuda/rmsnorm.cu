@@ -243,30 +243,25 @@ __device__ __forceinline__ void rotate_row(const RopeTable<kRope>& tab, int64_t 
 }
 __device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 
-// Rows [c * rows_per_block, ...) of block c, warp k taking rows k, k + 8, .... kRope (D = 128):
-// y = rope(bf16(rmsnorm(x))), the normed value rounded as rmsnorm_forward stores it.
-// The body takes its block index, so that norm_rope_fwd_pair_kernel can run two tensors in one grid.
-template <int EPL, typename W, bool kRope>
-__device__ __forceinline__ void rmsnorm_fwd_rows(const __nv_bfloat16* __restrict__ x, const W* __restrict__ w, float eps,
-                                                 __nv_bfloat16* __restrict__ y, float* __restrict__ rstd, int64_t R,
-                                                 int64_t rows_per_block, const RopeArgs& ra,
-                                                 __nv_bfloat16* __restrict__ xcopy, int64_t block) {
+// Rows [c * rows_per_block, ...) of block c, warp k taking rows k, k + 8, ....
+// The body takes its block index, like the q/k norm + RoPE bodies below, which the pair kernels call.
+template <int EPL, typename W>
+__device__ __forceinline__ void rmsnorm_fwd_rows1(const __nv_bfloat16* __restrict__ x, const W* __restrict__ w, float eps,
+                                                  __nv_bfloat16* __restrict__ y, float* __restrict__ rstd, int64_t R,
+                                                  int64_t rows_per_block, __nv_bfloat16* __restrict__ xcopy,
+                                                  int64_t block) {
   using L = Lanes<EPL>;
   constexpr int D = 32 * EPL;
-  __shared__ RopeTable<kRope> tab;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t r0 = block * rows_per_block, r1 = min(R, r0 + rows_per_block);
-  const int64_t t0 = r0 / ra.heads;
-  fill_rope_table<kRope>(tab, ra, t0, (r1 - 1) / ra.heads - t0 + 1);
   // Long rows (EPL >= 32) read a lane's weights where they are used: held in registers across the
   // row's load and reduction they took D = 2048 to 148 registers, one block (8 warps) per SM.
   constexpr bool kWLate = EPL >= 32;
   float wf[kWLate ? 1 : EPL];
   if constexpr (!kWLate) L::load_w(w, lane, wf);
-  RowCursor<kRope> rc(r0 + warp, ra.heads);
-  for (int64_t r = r0 + warp; r < r1; r += kRowsPerBlock, rc.next(ra.heads)) {
+  for (int64_t r = r0 + warp; r < r1; r += kRowsPerBlock) {
     float v[EPL];
-    L::load(x + rc.offset(r, ra.x_row, D), lane, v);
+    L::load(x + r * D, lane, v);
     if (xcopy) L::store(xcopy + r * D, lane, v);  // bf16 -> f32 -> bf16: the same bits
     float ss = 0.0f;
 #pragma unroll
@@ -286,12 +281,82 @@ __device__ __forceinline__ void rmsnorm_fwd_rows(const __nv_bfloat16* __restrict
 #pragma unroll
       for (int i = 0; i < EPL; ++i) v[i] = v[i] * rs * wf[i];
     }
-    if constexpr (kRope) {
-#pragma unroll
-      for (int i = 0; i < EPL; ++i) v[i] = round_bf16(v[i]);
-      rotate_row<kRope>(tab, rc.t - t0, lane, reinterpret_cast<float(&)[4]>(v));
-    }
     L::store(y + r * D, lane, v);
+  }
+}
+
+// ---- q/k norm + RoPE forward (D = 128): y = rope(bf16(rmsnorm(x))), the normed value rounded as
+// rmsnorm_forward stores it, two rows a warp. Lane s of half h (lanes 16h .. 16h + 15) holds the
+// columns that lanes s and s + 16 hold in the one-row-a-warp layout (rmsnorm_bwd_rows, and this
+// forward until round 30): a = [4s, 4s + 4) and b = a + 64, each the other's RoPE partner. A row's
+// values come from the same operations in the same order as in that layout: a lane's two partial
+// sums are its tree's first step (offset 16), the steps 8, 4, 2, 1 stay inside the half, and the
+// rotation needs no shuffle. So the bits are the same, and a warp's per-row work (the shuffles, the
+// square root and divide, the cursor, the rstd store) serves two rows: the q and k pair call went
+// from 50 to 35 us at T 4096 on an H100 (docs/performance.md, round 30). Half h of warp k takes rows
+// r0 + 2k + h, then every 16th.
+template <typename W>
+__device__ __forceinline__ void norm_rope_fwd_rows2(const __nv_bfloat16* __restrict__ x, const W* __restrict__ w,
+                                                    float eps, __nv_bfloat16* __restrict__ y,
+                                                    float* __restrict__ rstd, int64_t R, int64_t rows_per_block,
+                                                    const RopeArgs& ra, __nv_bfloat16* __restrict__ xcopy,
+                                                    int64_t block) {
+  using L = Lanes<4>;
+  constexpr int D = 128;
+  __shared__ RopeTable<true> tab;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, half = lane >> 4, s = lane & 15;
+  const int64_t r0 = block * rows_per_block, r1 = min(R, r0 + rows_per_block);
+  const int64_t t0 = r0 / ra.heads;
+  fill_rope_table<true>(tab, ra, t0, (r1 - 1) / ra.heads - t0 + 1);
+  float wa[4], wb[4];
+  L::load_w(w, s, wa);
+  L::load_w(w, s + 16, wb);
+  const int64_t first = r0 + 2 * warp;  // half 0's row; half 1's is the next
+  RowCursor<true> rc(first + half, ra.heads);
+  for (int64_t rp = first; rp < r1; rp += 2 * kRowsPerBlock, rc.next(ra.heads), rc.next(ra.heads)) {
+    const int64_t r = rp + half;
+    const bool on = r < r1;  // both halves run every step: the shuffles take all 32 lanes
+    float a[4] = {0.0f, 0.0f, 0.0f, 0.0f}, b[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (on) {
+      const __nv_bfloat16* xr = x + rc.offset(r, ra.x_row, D);
+      L::load_vec(xr, s, 0, a);
+      L::load_vec(xr, s + 16, 0, b);
+      if (xcopy) L::store(xcopy + r * D, s, a), L::store(xcopy + r * D, s + 16, b);
+    }
+    float sa = 0.0f, sb = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) sa += a[i] * a[i];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) sb += b[i] * b[i];
+    float ss = sa + sb;
+    for (int o = 8; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const float rs = 1.0f / sqrtf(ss / static_cast<float>(D) + eps);
+    if (on && s == 0) rstd[r] = rs;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a[i] = round_bf16(a[i] * rs * wa[i]), b[i] = round_bf16(b[i] * rs * wb[i]);
+    const int64_t lt = on ? rc.t - t0 : 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float c = tab.cs[lt][4 * s + j], sn = tab.sn[lt][4 * s + j];
+      const float na = __fsub_rn(__fmul_rn(a[j], c), __fmul_rn(b[j], sn));
+      b[j] = __fadd_rn(__fmul_rn(b[j], c), __fmul_rn(a[j], sn));
+      a[j] = na;
+    }
+    if (on) L::store(y + r * D, s, a), L::store(y + r * D, s + 16, b);
+  }
+}
+
+// RMSNorm rows, or (kRope, D = 128) q/k norm + RoPE rows.
+template <int EPL, typename W, bool kRope>
+__device__ __forceinline__ void rmsnorm_fwd_rows(const __nv_bfloat16* __restrict__ x, const W* __restrict__ w, float eps,
+                                                 __nv_bfloat16* __restrict__ y, float* __restrict__ rstd, int64_t R,
+                                                 int64_t rows_per_block, const RopeArgs& ra,
+                                                 __nv_bfloat16* __restrict__ xcopy, int64_t block) {
+  if constexpr (kRope) {
+    static_assert(EPL == 4, "RoPE rows are D = 128");
+    norm_rope_fwd_rows2<W>(x, w, eps, y, rstd, R, rows_per_block, ra, xcopy, block);
+  } else {
+    rmsnorm_fwd_rows1<EPL, W>(x, w, eps, y, rstd, R, rows_per_block, xcopy, block);
   }
 }
 template <int EPL, typename W, bool kRope>
