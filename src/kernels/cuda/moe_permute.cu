@@ -213,7 +213,17 @@ struct alignas(16) Pack8 {
 // kGatherRows rows per block: a thread issues its pack of each row before it stores any (four 16-byte
 // loads in flight instead of one): 68.9 -> 65.8 us a call at H 2048, 32768 rows (H100, round 26). The
 // same change to combine_rows_vec_kernel (eight rows' loads first) took it from 59.9 to 95.6 us.
+// The rows are stored with the streaming hint (st.global.cs, evict first): the 134 MB written then
+// does not push the T source rows (16 MB, each read top-k times) out of L2. Alone on an H100
+// (bench/standalone/gather_bench.cu, round 31): 73.2 -> 65.3 us a call, the same bytes.
 constexpr int kGatherRows = 4;
+template <typename D>
+__device__ __forceinline__ void store_pack_streaming(Pack8<D>* p, const Pack8<D>& v) {
+  static_assert(sizeof(Pack8<D>) == 16, "16-byte packs");
+  const uint4 u = *reinterpret_cast<const uint4*>(&v);
+  asm volatile("st.global.cs.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "r"(u.x), "r"(u.y), "r"(u.z), "r"(u.w)
+               : "memory");
+}
 template <typename S, typename D>
 __global__ void gather_rows_vec_kernel(const S* __restrict__ x, const int32_t* __restrict__ src_row, int64_t N,
                                        int64_t H, D* __restrict__ out) {
@@ -235,7 +245,8 @@ __global__ void gather_rows_vec_kernel(const S* __restrict__ x, const int32_t* _
       Pack8<D> b;
 #pragma unroll
       for (int e = 0; e < 8; ++e) b.v[e] = from_f<D>(to_f(a[i].v[e]));
-      o[i * hp + h] = b;
+      if constexpr (sizeof(Pack8<D>) == 16) store_pack_streaming(o + i * hp + h, b);
+      else o[i * hp + h] = b;
     }
   }
 }
