@@ -251,6 +251,17 @@ __global__ void gather_rows_vec_kernel(const S* __restrict__ x, const int32_t* _
   }
 }
 
+// The rows a combine reads (T x top-k of them, each once) with the streaming hint (ld.global.cs), so
+// that they leave L2 before the T-row output, which the next kernel reads.
+template <typename S>
+__device__ __forceinline__ Pack8<S> load_pack_streaming(const Pack8<S>* p) {
+  if constexpr (sizeof(Pack8<S>) == 16) {
+    const uint4 u = __ldcs(reinterpret_cast<const uint4*>(p));
+    return *reinterpret_cast<const Pack8<S>*>(&u);
+  } else {
+    return *p;
+  }
+}
 template <typename S, typename D>
 __global__ void combine_rows_vec_kernel(const S* __restrict__ src, const int32_t* __restrict__ row_of,
                                         const float* __restrict__ w, int k, int64_t H, D* __restrict__ out,
@@ -262,7 +273,7 @@ __global__ void combine_rows_vec_kernel(const S* __restrict__ src, const int32_t
     for (int j = 0; j < k; ++j) {
       const int64_t row = row_of[t * k + j];
       const float wj = w ? w[t * k + j] : 1.0f;
-      const Pack8<S> a = reinterpret_cast<const Pack8<S>*>(src + row * H)[h];
+      const Pack8<S> a = load_pack_streaming(reinterpret_cast<const Pack8<S>*>(src + row * H) + h);
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc[i] += wj * to_f(a.v[i]);
     }
