@@ -526,9 +526,11 @@ __global__ void attn_bwd_finish_kernel(FlashArgs a, int splits, bf16* __restrict
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n_kv + n_q;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     if (i < n_kv) {
-      float4 sk = pk[i], sv = pv[i];
+      // the partials and dq_acc are read once (streaming hint): dq, dk, dv, which the q/k norm + RoPE
+      // backward and the projections' GEMMs read next, stay in L2 longer
+      float4 sk = __ldcs(pk + i), sv = __ldcs(pv + i);
       for (int s = 1; s < splits; ++s) {
-        const float4 xk = pk[s * n_kv + i], xv = pv[s * n_kv + i];
+        const float4 xk = __ldcs(pk + s * n_kv + i), xv = __ldcs(pv + s * n_kv + i);
         sk = make_float4(sk.x + xk.x, sk.y + xk.y, sk.z + xk.z, sk.w + xk.w);
         sv = make_float4(sv.x + xv.x, sv.y + xv.y, sv.z + xv.z, sv.w + xv.w);
       }
@@ -543,7 +545,7 @@ __global__ void attn_bwd_finish_kernel(FlashArgs a, int splits, bf16* __restrict
     } else {
       const int64_t o = (i - n_kv) * 4;  // element index in dq [T][nh][kD] when packed
       const int64_t c = o % kD, th = o / kD, t = th / a.nh, h = th - t * a.nh;
-      const float4 x = *reinterpret_cast<const float4*>(a.dq_acc + (h * a.T + t) * kD + c);
+      const float4 x = __ldcs(reinterpret_cast<const float4*>(a.dq_acc + (h * a.T + t) * kD + c));
       uint2 r;
       r.x = pack_bf16(x.x * a.scale, x.y * a.scale);
       r.y = pack_bf16(x.z * a.scale, x.w * a.scale);
