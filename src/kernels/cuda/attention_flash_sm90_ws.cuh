@@ -498,11 +498,36 @@ __global__ void attn_bwd_prep_kernel(FlashArgs a, float* __restrict__ dsum, int*
   pdl_wait();
   const int lane = threadIdx.x & 31;
   const int64_t nwarps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
-  for (int64_t w = blockIdx.x * static_cast<int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5); w < a.T * a.nh;
-       w += nwarps) {
-    const int64_t t = w / a.nh, h = w - t * a.nh;
-    const float s = row_dot<kD>(a, w, lane);
-    if (lane == 0) dsum[h * a.T + t] = s;
+  const int64_t wid = blockIdx.x * static_cast<int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5), rows = a.T * a.nh;
+  if constexpr (kD == 128) {
+    // Two rows a warp, a half-warp each (row_dot leaves lanes 16-31 idle at d 128). A lane's 8
+    // products are added as in row_dot, then + 0.0f where row_dot adds the idle partner lane's zero,
+    // then the steps 8, 4, 2, 1 inside the half: row_dot's bits. O is read only here (streaming hint).
+    const int half = lane >> 4, q = lane & 15;
+    for (int64_t w = 2 * wid; w < rows; w += 2 * nwarps) {
+      const int64_t r = w + half;
+      float s = 0.0f;
+      if (r < rows) {
+        const uint4 ov = __ldcs(reinterpret_cast<const uint4*>(a.o + r * kD + q * 8));
+        const uint4 gv = *reinterpret_cast<const uint4*>(a.dout + r * kD + q * 8);
+        const bf16* op = reinterpret_cast<const bf16*>(&ov);
+        const bf16* gp = reinterpret_cast<const bf16*>(&gv);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) s += __bfloat162float(op[i]) * __bfloat162float(gp[i]);
+      }
+      s = s + 0.0f;
+      for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+      if (q == 0 && r < rows) {
+        const int64_t t = r / a.nh, h = r - t * a.nh;
+        dsum[h * a.T + t] = s;
+      }
+    }
+  } else {
+    for (int64_t w = wid; w < rows; w += nwarps) {
+      const int64_t t = w / a.nh, h = w - t * a.nh;
+      const float s = row_dot<kD>(a, w, lane);
+      if (lane == 0) dsum[h * a.T + t] = s;
+    }
   }
   const int64_t tid = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   const int64_t nthreads = static_cast<int64_t>(gridDim.x) * blockDim.x;

@@ -126,11 +126,28 @@ __global__ void sum_partial(const X* __restrict__ x, int64_t n, double* __restri
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
+// Thread t's part of a one-block sum: partial[t], partial[t + blockDim.x], ... added in that order,
+// with up to 8 of the loads issued before the first add (an L2 round trip per 8 values instead of
+// one per value; the adds and their order, and so the bits, are the plain loop's).
+__device__ __forceinline__ double strided_sum(const double* __restrict__ partial, int n) {
+  double s = 0.0;
+  const int step = static_cast<int>(blockDim.x);
+  int i = static_cast<int>(threadIdx.x);
+  for (; i + 7 * step < n; i += 8 * step) {
+    double v[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) v[u] = partial[i + u * step];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) s += v[u];
+  }
+  for (; i < n; i += step) s += partial[i];
+  return s;
+}
+
 __global__ void sum_partials(const double* __restrict__ partial, int n, double* __restrict__ out) {
   pdl_wait();
   __shared__ double scratch[32];
-  double s = 0.0;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) s += partial[i];
+  double s = strided_sum(partial, n);
   s = block_sum(s, scratch);
   if (threadIdx.x == 0) *out = s;
 }
@@ -299,8 +316,7 @@ bool vec16_ok(int64_t inter, size_t elem, std::initializer_list<const void*> ptr
 __global__ void add_partials(const double* __restrict__ partial, int n, double* __restrict__ acc) {
   pdl_wait();
   __shared__ double scratch[32];
-  double s = 0.0;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) s += partial[i];
+  double s = strided_sum(partial, n);
   s = block_sum(s, scratch);
   if (threadIdx.x == 0) acc[0] += s;
 }
