@@ -6,7 +6,8 @@
 # moves by 5% at the power cap (round 27), so this resolves changes a same-call pair cannot.
 # Env: BUNDLES (stage_perf.sh bundle directories, space separated, required), ROUNDS (2), LAYERS (4), SEQ,
 # MT_BENCH_SET (as timeline.sh; default the all-bf16 keys with the update in backward), MATCH (regex:
-# list only matching kernels), TOP (25: the kernels with the largest changes).
+# list only matching kernels), TOP (25: the kernels with the largest changes). The table also gives each
+# kernel's launches per step (calls) for the first bundle, marked * where another bundle differs.
 # Results: $OUT/trace_ab/<bundle>.r<round>/ (timeline.sh's), $OUT/trace_ab/table.txt (printed last).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -37,6 +38,8 @@ if any(not v for v in runs.values()):
     sys.exit("trace_ab: a bundle has no trace: " + " ".join(n for n, v in runs.items() if not v))
 def col(n, key):
     return [r["kernels"].get(key, {"us": 0.0})["us"] for r in runs[n]]
+def calls(n, key):  # launches per step (mean over runs; 0 where the bundle has none)
+    return statistics.mean(r["kernels"].get(key, {}).get("count", 0.0) for r in runs[n])
 kernels = set().union(*(r["kernels"] for v in runs.values() for r in v))
 if match:
     kernels = {k for k in kernels if re.search(match, k)}
@@ -52,9 +55,14 @@ for n in names:
     tot = [r["busy_us"] for r in runs[n]]
     idle = [r["idle_us"] for r in runs[n]]
     print(f"  {n}: kernel time {' '.join(f'{x:.1f}' for x in tot)}; idle {' '.join(f'{x:.1f}' for x in idle)}")
-hdr = f"{'kernel':<52}" + "".join(f"{n[:24]:>26}" for n in names) + "".join(f"{'chg ' + n[:12]:>18}" for n in names[1:])
+# calls: the first bundle's launches per step, "*" where another bundle's differ (then the per-call
+# times are not comparable)
+hdr = f"{'kernel':<52}{'calls':>7}" + "".join(f"{n[:24]:>26}" for n in names) + \
+      "".join(f"{'chg ' + n[:12]:>18}" for n in names[1:])
 print(hdr)
 for _, k, moves in rows[:top]:
+    c = calls(base, k)
+    mark = "*" if any(abs(calls(n, k) - c) > 1e-9 for n in names[1:]) else ""
     cells = "".join(f"{' '.join(f'{x:.1f}' for x in col(n, k)):>26}" for n in names)
-    print(f"{k[:52]:<52}{cells}" + "".join(f"{m:>+18.1f}" for m in moves))
+    print(f"{k[:52]:<52}{f'{c:g}{mark}':>7}{cells}" + "".join(f"{m:>+18.1f}" for m in moves))
 PY
