@@ -5,7 +5,8 @@
 # Each round runs `moetrain bench --layers 2,4` then torch_anchor.py (IMPLS=grouped_mm+compile) at
 # SEQ / MBS. nvidia-smi dmon samples power, temperature and clocks every second beside them.
 # Env: GPU_BIN (bundle of stage_perf.sh, default gpu-bin-perf), ROUNDS (2), SEQ (4096), MBS (1),
-# MT_BENCH_SET ("k=v k=v" --set overrides for moetrain), IDLE_S (0: seconds of idle between rounds).
+# MT_BENCH_SET ("k=v k=v" --set overrides for moetrain), MT_BENCH_SET_B (more overrides: each round then also
+# runs moetrain with MT_BENCH_SET plus these, as configuration B), IDLE_S (0: seconds of idle between rounds).
 # Results: $OUT/alternate/ (logs, JSON, dmon.txt, table.txt); the table is printed last.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -26,27 +27,44 @@ for s in ${MT_BENCH_SET:-}; do sets+=(--set "$s"); done
 nvidia-smi dmon -s pct -o T > "$out/dmon.txt" 2>&1 &
 dmon=$!
 trap 'kill $dmon 2>/dev/null' EXIT
-ours=() torch=()
+ours=() torch=() ours_b=()
+sets_b=()
+for s in ${MT_BENCH_SET_B:-}; do sets_b+=(--set "$s"); done
 for r in $(seq 1 "${ROUNDS:-2}"); do
   timeout 170 "$bin/moetrain" bench --layers 2,4 --seq "$seq" --mbs "$mbs" "${sets[@]}" \
     --json "$out/ours.r$r.json" > "$out/ours.r$r.log" 2>&1
   o=$(grep -o 'per layer [0-9.]* ms' "$out/ours.r$r.log" | awk '{print $3}')
+  ob=
+  if [[ -n "${MT_BENCH_SET_B:-}" ]]; then
+    timeout 170 "$bin/moetrain" bench --layers 2,4 --seq "$seq" --mbs "$mbs" "${sets[@]}" "${sets_b[@]}" \
+      --json "$out/ours_b.r$r.json" > "$out/ours_b.r$r.log" 2>&1
+    ob=$(grep -o 'per layer [0-9.]* ms' "$out/ours_b.r$r.log" | awk '{print $3}')
+    [[ -n "$ob" ]] && ours_b+=("$ob")
+  fi
   mkdir -p "$out/torch.r$r"
   OUT="$out/torch.r$r" IMPLS=grouped_mm+compile SEQ=$seq MBS=$mbs timeout 300 python3 "$anchor" \
     > "$out/torch.r$r.log" 2>&1
   t=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['grouped_mm+compile']['per_layer_ms'])" \
     "$out/torch.r$r/torch_anchor.json" 2>/dev/null)
-  echo "round $r: ours ${o:-?} ms/layer, torch.compile ${t:-?} ms/layer"
+  echo "round $r: ours ${o:-?} ms/layer${MT_BENCH_SET_B:+, ours (B) ${ob:-?}}, torch.compile ${t:-?} ms/layer"
   [[ -n "$o" ]] && ours+=("$o")
   [[ -n "$t" ]] && torch+=("$t")
   sleep "${IDLE_S:-0}"
 done
-python3 - "${#ours[@]}" "${ours[@]}" "${torch[@]}" <<'PY' | tee "$out/table.txt"
+python3 - "${#ours[@]}" "${#torch[@]}" "${ours[@]}" "${torch[@]}" "${ours_b[@]}" <<'PY' | tee "$out/table.txt"
 import statistics, sys
-n = int(sys.argv[1]); ours = [float(x) for x in sys.argv[2:2 + n]]; torch = [float(x) for x in sys.argv[2 + n:]]
+n, nt = int(sys.argv[1]), int(sys.argv[2])
+ours = [float(x) for x in sys.argv[3:3 + n]]
+torch = [float(x) for x in sys.argv[3 + n:3 + n + nt]]
+ours_b = [float(x) for x in sys.argv[3 + n + nt:]]
 print(f"ours ms/layer:          {' '.join(f'{x:.3f}' for x in ours)}")
+if ours_b:
+    print(f"ours (B) ms/layer:      {' '.join(f'{x:.3f}' for x in ours_b)}")
 print(f"torch.compile ms/layer: {' '.join(f'{x:.2f}' for x in torch)}")
 if ours and torch:
     mo, mt = statistics.median(ours), statistics.median(torch)
     print(f"medians: ours {mo:.3f}, torch {mt:.2f}; ratio {mt / mo:.2f} (2x needs ours <= {mt / 2:.3f})")
+    if ours_b:
+        mb = statistics.median(ours_b)
+        print(f"medians: ours (B) {mb:.3f}; ratio {mt / mb:.2f}")
 PY

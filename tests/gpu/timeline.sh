@@ -5,6 +5,7 @@
 # nsys, under the CUPTI injection library tests/gpu/cupti/kernel_trace.cpp), exports the
 # GPU trace as CSV and summarises the last $STEPS_KEEP steps. Bundle as for perf.sh (GPU_BIN).
 # Env: GPU_BIN, LAYERS (4), SEQ (the bench's default, 4096), MT_BENCH_SET (extra --set overrides "k=v k=v"),
+# MT_BENCH_SET_EXTRA (more of them, after MT_BENCH_SET: trace_ab.sh's VARIANTS can set it),
 # STEPS_KEEP (2).
 # Results: $OUT/timeline.txt, $OUT/kernels.json (each kernel's us per step), $OUT/trace.csv.xz.
 set -uo pipefail
@@ -21,7 +22,7 @@ if [[ ! -x "$bin/moetrain" && -f "$bin/bundle.tar.xz" ]]; then
 fi
 export LD_LIBRARY_PATH="$bin/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 sets=()
-for kv in ${MT_BENCH_SET:-}; do sets+=(--set "$kv"); done
+for kv in ${MT_BENCH_SET:-} ${MT_BENCH_SET_EXTRA:-}; do sets+=(--set "$kv"); done
 layers=${LAYERS:-4}
 run=("$bin/moetrain" bench --layers "$layers" --steps 4 --warmup 2 ${SEQ:+--seq "$SEQ"} "${sets[@]}")
 nsys=$(command -v nsys || ls /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)

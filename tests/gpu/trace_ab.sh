@@ -4,7 +4,8 @@
 # times, and prints each kernel's GPU time per step for every run, with the change of each bundle's
 # mean against the first bundle's. Kernel times move by about 1% between runs, where a step's time
 # moves by 5% at the power cap (round 27), so this resolves changes a same-call pair cannot.
-# Env: BUNDLES (stage_perf.sh bundle directories, space separated, required), ROUNDS (2), LAYERS (4), SEQ,
+# Env: BUNDLES (stage_perf.sh bundle directories, space separated, required), VARIANTS ("name:K=V,K=V name2:":
+# one bundle run under each environment instead, e.g. "base: deep:MT_DW_ADAMW_VARIANT=4"), ROUNDS (2), LAYERS (4), SEQ,
 # MT_BENCH_SET (as timeline.sh; default the all-bf16 keys with the update in backward), MATCH (regex:
 # list only matching kernels), TOP (25: the kernels with the largest changes). The table also gives each
 # kernel's launches per step (calls) for the first bundle, marked * where another bundle differs.
@@ -16,15 +17,31 @@ out=${OUT:-/tmp/moetrain-gpu-out}/trace_ab
 mkdir -p "$out"
 export MT_BENCH_SET=${MT_BENCH_SET:-"optimizer.main_grads_dtype=bf16 optimizer.main_params_dtype=bf16 optimizer.exp_avg_dtype=bf16 optimizer.exp_avg_sq_dtype=bf16 optimizer.clip_grad=0 optimizer.update_in_backward=true"}
 bundles=(${BUNDLES:?BUNDLES: bundle directories, e.g. \"gpu-bin-head gpu-bin-new\"})
+# VARIANTS ("name:K=V,K=V name2:"): one bundle under several environments instead of several bundles
+variants=(${VARIANTS:-})
+if (( ${#variants[@]} )); then
+  (( ${#bundles[@]} == 1 )) || { echo "trace_ab: VARIANTS takes one bundle in BUNDLES" >&2; exit 2; }
+  names=()
+  for v in "${variants[@]}"; do names+=("${v%%:*}"); done
+else
+  names=("${bundles[@]}")
+fi
 for r in $(seq 1 "${ROUNDS:-2}"); do
-  for b in "${bundles[@]}"; do
-    d=$out/$(basename "$b").r$r
-    OUT=$d GPU_BIN=$b LAYERS=${LAYERS:-4} bash tests/gpu/timeline.sh > /dev/null 2>&1
+  for i in "${!names[@]}"; do
+    b=${bundles[0]} envs=()
+    if (( ${#variants[@]} )); then
+      kv=${variants[$i]#*:}
+      [[ -n "$kv" ]] && IFS=, read -ra envs <<< "$kv"
+    else
+      b=${bundles[$i]}
+    fi
+    d=$out/$(basename "${names[$i]}").r$r
+    env "${envs[@]}" OUT=$d GPU_BIN=$b LAYERS=${LAYERS:-4} bash tests/gpu/timeline.sh > /dev/null 2>&1
     rm -f "$d/trace.csv.xz"
-    echo "$(basename "$b") round $r: $(grep -m1 '^per step' "$d/timeline.txt" 2>/dev/null || echo 'no trace')"
+    echo "$(basename "${names[$i]}") round $r: $(grep -m1 '^per step' "$d/timeline.txt" 2>/dev/null || echo 'no trace')"
   done
 done
-python3 - "$out" "${ROUNDS:-2}" "${MATCH:-}" "${TOP:-25}" "${bundles[@]}" <<'PY' | tee "$out/table.txt"
+python3 - "$out" "${ROUNDS:-2}" "${MATCH:-}" "${TOP:-25}" "${names[@]}" <<'PY' | tee "$out/table.txt"
 import json, os, re, statistics, sys
 out, rounds, match, top, names = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5:]
 names = [os.path.basename(n.rstrip("/")) for n in names]
