@@ -1,6 +1,6 @@
-// Philox4x32-10 counter-based RNG (Salmon et al., SC'11). Stateless: the same (key, counter)
-// always gives the same four 32-bit words, on the CPU and in CUDA kernels, which makes random
-// streams reproducible per step and per rank no matter how work is split.
+// Philox4x32 counter-based RNG (Salmon et al., SC'11), 10 rounds unless a caller names fewer.
+// Stateless: the same (key, counter) always gives the same four 32-bit words, on the CPU and in CUDA
+// kernels, which makes random streams reproducible per step and per rank no matter how work is split.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -17,11 +17,15 @@ struct Philox4 {
   uint32_t v[4];
 };
 
-MT_HD Philox4 philox4x32(uint64_t key, uint64_t counter_hi, uint64_t counter_lo) {
+// kRounds rounds: 10 is the generator's default (philox4x32 below); the authors found 7 the fewest
+// that pass TestU01's BigCrush, and stochastic rounding uses 7 (adamw_math::kSrRounds).
+template <int kRounds>
+MT_HD Philox4 philox4x32_rounds(uint64_t key, uint64_t counter_hi, uint64_t counter_lo) {
+  static_assert(kRounds >= 1 && kRounds <= 16, "Philox4x32 rounds");
   uint32_t c0 = static_cast<uint32_t>(counter_lo), c1 = static_cast<uint32_t>(counter_lo >> 32);
   uint32_t c2 = static_cast<uint32_t>(counter_hi), c3 = static_cast<uint32_t>(counter_hi >> 32);
   uint32_t k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
-  for (int r = 0; r < 10; ++r) {
+  for (int r = 0; r < kRounds; ++r) {
 #if defined(__CUDA_ARCH__)
     // The same products as 32-bit halves: nvcc lowered the 64-bit form to IMAD.WIDE plus an add of
     // zero to the high word, two instructions per round more (the fused expert update with stochastic
@@ -40,6 +44,10 @@ MT_HD Philox4 philox4x32(uint64_t key, uint64_t counter_hi, uint64_t counter_lo)
     k1 += 0xBB67AE85u;
   }
   return {{c0, c1, c2, c3}};
+}
+
+MT_HD Philox4 philox4x32(uint64_t key, uint64_t counter_hi, uint64_t counter_lo) {
+  return philox4x32_rounds<10>(key, counter_hi, counter_lo);
 }
 
 // Uniform in (0, 1], from the top 24 bits.

@@ -228,12 +228,21 @@ MT_HD uint16_t bf16_stochastic(float f, uint32_t random) {
 
 MT_HD float bf16_to_f32(uint16_t b) { return bits_float(static_cast<uint32_t>(b) << 16); }
 
+// The random words of stochastic rounding come from Philox4x32 with 7 rounds, the fewest with which
+// its authors found it passes TestU01's BigCrush (10, the generator's default, is a safety margin for
+// general use). Each round is 8 integer instructions per 8 weights; the fused expert update's walk
+// is bound by instruction issue on the H200, where the 3 rounds saved are about 2% of it
+// (docs/performance.md, round 32).
+constexpr int kSrRounds = 7;
+MT_HD Philox4 sr_bits(uint64_t key, uint64_t counter, uint64_t vec) {
+  return philox4x32_rounds<kSrRounds>(key, counter, vec);
+}
 // The 16 random bits of element i of a stream (in the low half; bf16_stochastic reads only those):
-// half-word i % 8 of philox4x32(key, counter, i / 8), low half first. One Philox call covers 8
+// half-word i % 8 of sr_bits(key, counter, i / 8), low half first. One Philox call covers 8
 // elements, a 16-byte vector of bf16 weights.
 MT_HD uint32_t random_half(const Philox4& r, int j) { return r.v[(j & 7) >> 1] >> ((j & 1) * 16); }
 MT_HD uint32_t random_word(uint64_t key, uint64_t counter, uint64_t i) {
-  return random_half(philox4x32(key, counter, i >> 3), static_cast<int>(i & 7));
+  return random_half(sr_bits(key, counter, i >> 3), static_cast<int>(i & 7));
 }
 
 }  // namespace moetrain::adamw_math

@@ -231,8 +231,9 @@ struct AdamWParams {
   float weight_decay = 0.0f;
   int64_t step = 1;         // 1-based, for bias correction
   float grad_scale = 1.0f;  // multiplies the gradient first (clipping)
-  // bf16 master only: round the new weight stochastically with word i % 4 of
-  // philox4x32(rng.key, rng.counter, i / 4) for element i (else round to nearest even).
+  // bf16 master only: round the new weight stochastically with the 16-bit half i % 8 of the 7-round
+  // Philox call (rng.key, rng.counter, i / 8) for element i (adamw_math::random_word; else round to
+  // nearest even).
   bool stochastic_rounding = false;
   RngStream rng;
 };

@@ -122,7 +122,7 @@ ops::AdamWParams AdamW::params_for_(Context& ctx, size_t i, double lr, double gr
   ap.step = step;
   ap.grad_scale = static_cast<float>(grad_scale);
   // One stream per (parameter, step); element j of the parameter reads the 16-bit half j % 8 of
-  // call j / 8 (adamw_math::random_word).
+  // the 7-round Philox call j / 8 (adamw_math::random_word).
   ap.stochastic_rounding = cfg_.stochastic_rounding && master_[i].dtype() == DType::kBF16;
   ap.rng = ctx.rng(kRngPurposeAdamWRounding + i, static_cast<uint64_t>(step));
   return ap;

@@ -219,7 +219,7 @@ const std::vector<Field>& schema() {
       MT_KEY(optimizer, main_params_dtype, "fp32 or bf16: the weights AdamW updates; bf16 with bf16 compute weights means no fp32 master copy"),
       MT_KEY(optimizer, exp_avg_dtype, "fp32 or bf16: AdamW first moment m"),
       MT_KEY(optimizer, exp_avg_sq_dtype, "fp32 or bf16: AdamW second moment v"),
-      MT_KEY(optimizer, stochastic_rounding, "main_params_dtype bf16: round each update stochastically (Philox, reproducible per seed and step); false: round to nearest even"),
+      MT_KEY(optimizer, stochastic_rounding, "main_params_dtype bf16: round each update stochastically (Philox4x32, 7 rounds; reproducible per seed and step); false: round to nearest even"),
       MT_KEY(optimizer, update_in_backward, "apply AdamW to the expert weights as their gradients are formed on a step's last micro-batch (in the dW GEMM's epilogue on Hopper: the gradient is never written or read back); needs clip_grad 0, and a non-finite step then stops the run instead of being skipped"),
       MT_KEY(parallel, tensor_model_parallel_size, "tensor parallelism (1: not supported beyond 1 yet)"),
       MT_KEY(parallel, pipeline_model_parallel_size, "pipeline parallelism (1: not supported beyond 1 yet)"),

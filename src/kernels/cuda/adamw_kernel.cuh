@@ -95,7 +95,7 @@ __device__ __forceinline__ void adamw_chunk(W* __restrict__ w, const G* __restri
     load8(v + i0, vf);
     uint32_t rnd[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     if (std::is_same_v<W, uint16_t> && sr) {
-      const Philox4 r = philox4x32(key, counter, static_cast<uint64_t>(i0) >> 3);
+      const Philox4 r = am::sr_bits(key, counter, static_cast<uint64_t>(i0) >> 3);
 #pragma unroll
       for (int j = 0; j < 8; ++j) rnd[j] = am::random_half(r, j);
     }

@@ -77,7 +77,7 @@ __device__ __forceinline__ void apply8(const AdamWParams& a, int64_t i0, const f
                                        float (&m)[8], float (&v)[8]) {
   uint32_t rnd[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   if (std::is_same_v<W, uint16_t> && a.sr) {
-    const Philox4 r = philox4x32(a.key, a.counter, static_cast<uint64_t>(i0) >> 3);
+    const Philox4 r = am::sr_bits(a.key, a.counter, static_cast<uint64_t>(i0) >> 3);
 #pragma unroll
     for (int j = 0; j < 8; ++j) rnd[j] = am::random_half(r, j);
   }

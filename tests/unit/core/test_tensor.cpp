@@ -92,6 +92,14 @@ TEST(Rng, PhiloxMatchesRandom123KnownAnswers) {
             (std::vector<uint32_t>{0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}));
   EXPECT_EQ(words(philox4x32(0x299f31d0a4093822ull, 0x0370734413198a2eull, 0x85a308d3243f6a88ull)),
             (std::vector<uint32_t>{0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}));
+  // the same file's 7-round answers (the rounds stochastic rounding uses)
+  EXPECT_EQ(words(philox4x32_rounds<7>(0, 0, 0)),
+            (std::vector<uint32_t>{0x5f6fb709u, 0x0d893f64u, 0x4f121f81u, 0x4f730a48u}));
+  EXPECT_EQ(words(philox4x32_rounds<7>(~0ull, ~0ull, ~0ull)),
+            (std::vector<uint32_t>{0x5207ddc2u, 0x45165e59u, 0x4d8ee751u, 0x8c52f662u}));
+  EXPECT_EQ(words(philox4x32_rounds<7>(0x299f31d0a4093822ull, 0x0370734413198a2eull, 0x85a308d3243f6a88ull)),
+            (std::vector<uint32_t>{0x4dfccabau, 0x190a87f0u, 0xc47362bau, 0xb6b5242au}));
+  EXPECT_EQ(words(philox4x32_rounds<10>(1, 2, 3)), words(philox4x32(1, 2, 3)));
 }
 
 TEST(Rng, PhiloxIsReproducibleAndSpread) {

@@ -176,10 +176,11 @@ TEST(AdamWPrecision, StochasticRoundingIsUnbiasedAndIndexAddressed) {
     ASSERT_TRUE(r == lo || r == hi) << i << ": " << r << " is not a neighbour of " << x;
     up += r == hi;
     sum += r;
-    // Element i rounds up iff its 16 dropped bits plus random half-word i % 8 of Philox call i / 8
-    // (words in order, low half first) carry into bit 16: the addressing contract the CUDA kernel
-    // must follow.
-    const uint32_t word = philox4x32(p.rng.key, p.rng.counter, static_cast<uint64_t>(i) / 8).v[(i % 8) / 2];
+    // Element i rounds up iff its 16 dropped bits plus random half-word i % 8 of the 7-round Philox
+    // call i / 8 (words in order, low half first) carry into bit 16: the addressing contract the CUDA
+    // kernel must follow.
+    const uint32_t word =
+        philox4x32_rounds<7>(p.rng.key, p.rng.counter, static_cast<uint64_t>(i) / 8).v[(i % 8) / 2];
     const uint32_t half = i % 2 == 0 ? word & 0xffffu : word >> 16;
     ASSERT_EQ(r == hi, (xb & 0xffffu) + half >= 0x10000u) << i;
   }
