@@ -169,16 +169,27 @@ void bench_grouped_gemm(Context& ctx, const ModelConfig& mc, const KernelBenchOp
     const std::string tag = fmt::format("gmm {} {}->{} T{} E{} k{}", c.name, c.K, c.M, T, E, k);
     const std::string key = std::string("gmm.") + c.name + ".";
     rows.add(key + "fwd", tag + " fwd", rows.time([&] { ops::grouped_matmul(ctx, x, w, off, y); }), f);
-    // dx alone = (dx + dW) - dW: the backward op runs dW with dx skipped when dx is undefined.
-    const Measure both = rows.time([&] { ops::grouped_matmul_backward(ctx, x, w, off, dy, dx, dw); });
-    const Measure dwo = rows.time([&] { ops::grouped_matmul_backward(ctx, x, w, off, dy, none, dw); });
+    // dW as torch._grouped_mm forms it (bf16 out, overwritten), the same work as the torch rows of
+    // the same keys; dx alone = (dx + dW) - dW (the backward op skips dx when dx is undefined).
+    Tensor dwb = Tensor::empty({E, c.M, c.K}, DType::kBF16, ctx.device());
+    const Measure both = rows.time([&] { ops::grouped_matmul_backward(ctx, x, w, off, dy, dx, dwb, false); });
+    const Measure dwo = rows.time([&] { ops::grouped_matmul_backward(ctx, x, w, off, dy, none, dwb, false); });
     Measure dxo{std::max(both.ms - dwo.ms, 0.0)};
     if (both.joules >= 0 && dwo.joules >= 0) dxo.joules = std::max(both.joules - dwo.joules, 0.0);
     rows.add(key + "dx", tag + " dx", dxo, f);
-    rows.add(key + "dw", tag + " dW (f32 +=)", dwo, f);
-    rows.add(key + "bwd", tag + " bwd (dx+dW)", both, 2 * f);
+    rows.add(key + "dw", tag + " dW (bf16 =)", dwo, f);
+    rows.add(key + "bwd", tag + " bwd (dx + bf16 dW)", both, 2 * f);
+    // The gradient accumulated in f32 (default precision, a later micro-batch), and bf16 dW with the
+    // sums of squares of the gradient norm, which the step's unfused update path (MT_FUSED_ADAMW=0) adds.
+    rows.add(key + "dw_f32acc", tag + " dW (f32 +=)",
+             rows.time([&] { ops::grouped_matmul_backward(ctx, x, w, off, dy, none, dw); }), f);
+    Tensor ss = Tensor::zeros({1}, DType::kF64, ctx.device());
+    rows.add(key + "dw_ss", tag + " dW (bf16 =) + sum of squares",
+             rows.time([&] { ops::grouped_matmul_backward(ctx, x, w, off, dy, none, dwb, false, &ss); }), f);
     // The step's expert backward with the update in its dW epilogue (all-bf16 state, stochastic
-    // rounding; the weights are their own master): dx, dW and AdamW in one op.
+    // rounding; the weights are their own master): dx, dW and AdamW in one op. Beside it the second
+    // half of the unfused pair (MT_FUSED_ADAMW=0): AdamW alone over the stored bf16 gradient, so that
+    // dx + "dW + sum of squares" + "AdamW alone" can be set against the fused op.
     if (dt == DType::kBF16) {
       Tensor wm = randn(ctx, {E, c.M, c.K}, dt, 0.02f, 4), m = randn(ctx, {E, c.M, c.K}, dt, 1e-3f, 5);
       Tensor v = Tensor::empty({E, c.M, c.K}, dt, ctx.device());
@@ -186,11 +197,19 @@ void bench_grouped_gemm(Context& ctx, const ModelConfig& mc, const KernelBenchOp
       ops::AdamWTarget t{wm, m, v, Tensor(), {}};
       t.params.lr = 1e-5f, t.params.weight_decay = 0.01f, t.params.stochastic_rounding = true;
       t.params.rng = ctx.rng(0xbe7c400 + 7);
-      Tensor no_grad;
+      Tensor no_grad, no_compute;
       rows.add(key + "bwd_adamw", tag + " bwd + AdamW (bf16 state)", rows.time([&] {
                  ++t.params.step;
                  ops::grouped_matmul_backward_adamw(ctx, x, wm, off, dy, dx, DType::kBF16, no_grad, false, t);
                }), 3 * f);
+      // 14 bytes a weight: w, m, v read and written, g read (bf16)
+      const double bytes = 14.0 * static_cast<double>(E * c.M * c.K);
+      const Measure am = rows.time([&] {
+        ++t.params.step;
+        ops::adamw_step(ctx, wm, dwb, m, v, t.params, no_compute);
+      });
+      rows.add(key + "adamw", fmt::format("{} AdamW alone (bf16 state, {:.0f} GB/s)", tag,
+                                          am.ms > 0 ? bytes / (am.ms * 1e-3) / 1e9 : 0.0), am, 0.0);
     }
   }
 }

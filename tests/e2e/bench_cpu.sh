@@ -90,7 +90,7 @@ for n, a in attr.items():
 check("attention_forward" in attr and "step - sum" in attr and "region optimizer" in attr, "attribution rows")
 
 k = {r["key"]: r for r in j["kernels"]}
-want = [f"gmm.{c}.{p}" for c in ("gate_up", "down") for p in ("fwd", "dx", "dw", "bwd")]
+want = [f"gmm.{c}.{p}" for c in ("gate_up", "down") for p in ("fwd", "dx", "dw", "bwd", "dw_f32acc", "dw_ss")]
 want += [f"attn.{c}.{p}" for c in ("full", "packed") for p in ("fwd", "bwd")] + [f"loss_head.{v}{w}" for v in ("chunked", "unfused") for w in ("", ".write")]
 want += [f"proj.qkv.{p}{w}" for p in ("fwd", "dx", "dw") for w in ("", ".one")] + [f"proj.o.{p}" for p in ("fwd", "dx", "dw")]
 check(sorted(k) == sorted(want), f"kernel keys {sorted(k)}")

@@ -173,7 +173,7 @@ def main():
         out["target"] = None
         L.append("target (issue 7): no grouped_mm+compile measurement in this call")
     L.append("")
-    L.append("Kernels (ratio = torch ms / ours ms; torch dW is bf16 out, ours f32 +=)")
+    L.append("Kernels (ratio = torch ms / ours ms; dW (bf16 =) is the same work on both sides)")
     hdr = ("case", "ours ms", "torch ms", "ratio", "ours TF/s", "torch TF/s", "%GEMM", "peak MiB ours/torch")
     L.append("| " + " | ".join(hdr) + " |")
     L.append("|" + "---|" * len(hdr))
