@@ -230,7 +230,7 @@ MT_HD float bf16_to_f32(uint16_t b) { return bits_float(static_cast<uint32_t>(b)
 
 // The random words of stochastic rounding come from Philox4x32 with 7 rounds, the fewest with which
 // its authors found it passes TestU01's BigCrush (10, the generator's default, is a safety margin for
-// general use). Each round is 8 integer instructions per 8 weights; the fused expert update's walk
+// general use). Each round is about 6 integer instructions per 8 weights; the fused expert update's walk
 // is bound by instruction issue on the H200, where the 3 rounds saved are about 2% of it
 // (docs/performance.md, round 32).
 constexpr int kSrRounds = 7;
