@@ -99,7 +99,6 @@ TEST(Rng, PhiloxMatchesRandom123KnownAnswers) {
             (std::vector<uint32_t>{0x5207ddc2u, 0x45165e59u, 0x4d8ee751u, 0x8c52f662u}));
   EXPECT_EQ(words(philox4x32_rounds<7>(0x299f31d0a4093822ull, 0x0370734413198a2eull, 0x85a308d3243f6a88ull)),
             (std::vector<uint32_t>{0x4dfccabau, 0x190a87f0u, 0xc47362bau, 0xb6b5242au}));
-  EXPECT_EQ(words(philox4x32_rounds<10>(1, 2, 3)), words(philox4x32(1, 2, 3)));
 }
 
 TEST(Rng, PhiloxIsReproducibleAndSpread) {
