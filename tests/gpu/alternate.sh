@@ -6,7 +6,8 @@
 # SEQ / MBS. nvidia-smi dmon samples power, temperature and clocks every second beside them.
 # Env: GPU_BIN (bundle of stage_perf.sh, default gpu-bin-perf), ROUNDS (2), SEQ (4096), MBS (1),
 # MT_BENCH_SET ("k=v k=v" --set overrides for moetrain), MT_BENCH_SET_B (more overrides: each round then also
-# runs moetrain with MT_BENCH_SET plus these, as configuration B), IDLE_S (0: seconds of idle between rounds).
+# runs moetrain with MT_BENCH_SET plus these, as configuration B), MT_ENV_B ("K=V K=V": environment of the
+# B runs, alone or with MT_BENCH_SET_B, e.g. a kernel switch), IDLE_S (0: seconds of idle between rounds).
 # Results: $OUT/alternate/ (logs, JSON, dmon.txt, table.txt); the table is printed last.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -35,8 +36,9 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
     --json "$out/ours.r$r.json" > "$out/ours.r$r.log" 2>&1
   o=$(grep -o 'per layer [0-9.]* ms' "$out/ours.r$r.log" | awk '{print $3}')
   ob=
-  if [[ -n "${MT_BENCH_SET_B:-}" ]]; then
-    timeout 170 "$bin/moetrain" bench --layers 2,4 --seq "$seq" --mbs "$mbs" "${sets[@]}" "${sets_b[@]}" \
+  if [[ -n "${MT_BENCH_SET_B:-}${MT_ENV_B:-}" ]]; then
+    # shellcheck disable=SC2086
+    env ${MT_ENV_B:-} timeout 170 "$bin/moetrain" bench --layers 2,4 --seq "$seq" --mbs "$mbs" "${sets[@]}" "${sets_b[@]}" \
       --json "$out/ours_b.r$r.json" > "$out/ours_b.r$r.log" 2>&1
     ob=$(grep -o 'per layer [0-9.]* ms' "$out/ours_b.r$r.log" | awk '{print $3}')
     [[ -n "$ob" ]] && ours_b+=("$ob")
@@ -46,7 +48,8 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
     > "$out/torch.r$r.log" 2>&1
   t=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['grouped_mm+compile']['per_layer_ms'])" \
     "$out/torch.r$r/torch_anchor.json" 2>/dev/null)
-  echo "round $r: ours ${o:-?} ms/layer${MT_BENCH_SET_B:+, ours (B) ${ob:-?}}, torch.compile ${t:-?} ms/layer"
+  b_on=${MT_BENCH_SET_B:-}${MT_ENV_B:-}
+  echo "round $r: ours ${o:-?} ms/layer${b_on:+, ours (B) ${ob:-?}}, torch.compile ${t:-?} ms/layer"
   [[ -n "$o" ]] && ours+=("$o")
   [[ -n "$t" ]] && torch+=("$t")
   sleep "${IDLE_S:-0}"
