@@ -78,37 +78,6 @@ __device__ __forceinline__ float store_weight(W* w, int64_t i, float x, bool sr,
   }
 }
 
-// The vector body once its 8 elements from i0 are loaded (widened to f32): the update, the
-// stochastic rounding or round to nearest of the weights, and the stores of m, v, w (and the compute
-// copy). adamw_chunk's vector path, and the split expert update's (grouped_gemm_ws_dw_adamw.cuh),
-// which loads its vectors ahead in batches.
-template <typename W, typename M, typename V, typename C>
-__device__ __forceinline__ void update_store8(W* __restrict__ w, M* __restrict__ m, V* __restrict__ v,
-                                              C* __restrict__ comp, int64_t i0, float (&wf)[8], const float (&gf)[8],
-                                              float (&mf)[8], float (&vf)[8], const am::Consts& k, bool sr,
-                                              uint64_t key, uint64_t counter) {
-  uint32_t rnd[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  if (std::is_same_v<W, uint16_t> && sr) {
-    const Philox4 r = am::sr_bits(key, counter, static_cast<uint64_t>(i0) >> 3);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) rnd[j] = am::random_half(r, j);
-  }
-  uint16_t wb[8];
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    am::update(k, gf[j], mf[j], vf[j], wf[j]);  // (update8 measured 3% slower here: more registers)
-    if constexpr (std::is_same_v<W, uint16_t>) {
-      wb[j] = sr ? am::bf16_stochastic(wf[j], rnd[j]) : am::bf16_rne(wf[j]);
-      wf[j] = am::bf16_to_f32(wb[j]);
-    }
-  }
-  store8(m + i0, mf);
-  store8(v + i0, vf);
-  if constexpr (std::is_same_v<W, uint16_t>) store8_bits(w + i0, wb);
-  else store8(w + i0, wf);
-  if (comp) store8(comp + i0, wf);
-}
-
 // Chunk c of the update: elements 8c .. 8c + 7 (kVec: every pointer 16-byte aligned; a partial
 // last chunk takes the scalar path) or element c. One Philox call gives the 8 random half-words of
 // a chunk.
@@ -124,7 +93,26 @@ __device__ __forceinline__ void adamw_chunk(W* __restrict__ w, const G* __restri
     load8(g + i0, gf);
     load8(m + i0, mf);
     load8(v + i0, vf);
-    update_store8(w, m, v, comp, i0, wf, gf, mf, vf, k, sr, key, counter);
+    uint32_t rnd[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (std::is_same_v<W, uint16_t> && sr) {
+      const Philox4 r = am::sr_bits(key, counter, static_cast<uint64_t>(i0) >> 3);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) rnd[j] = am::random_half(r, j);
+    }
+    uint16_t wb[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      am::update(k, gf[j], mf[j], vf[j], wf[j]);  // (update8 measured 3% slower here: more registers)
+      if constexpr (std::is_same_v<W, uint16_t>) {
+        wb[j] = sr ? am::bf16_stochastic(wf[j], rnd[j]) : am::bf16_rne(wf[j]);
+        wf[j] = am::bf16_to_f32(wb[j]);
+      }
+    }
+    store8(m + i0, mf);
+    store8(v + i0, vf);
+    if constexpr (std::is_same_v<W, uint16_t>) store8_bits(w + i0, wb);
+    else store8(w + i0, wf);
+    if (comp) store8(comp + i0, wf);
   } else {
     const int64_t end = i0 + kPer < n ? i0 + kPer : n;
     for (int64_t i = i0; i < end; ++i) {

@@ -51,7 +51,6 @@ struct Params {
   int E, nmt, ncol;
   int64_t ci, cj;  // M, K
   int accumulate;
-  int* flags;  // SignalEpilogue: per tile (tile_id), the store warps that have finished writing it
 };
 
 struct Tile {
@@ -365,7 +364,7 @@ __device__ __forceinline__ void empty_tile_sums(const Params& p, const int32_t* 
 // the first loads of the consumer's next tile when that one is idle too, into the Pending it is
 // handed, and returns whether it did) and empty_experts() (consumers, after the main loop).
 struct StoreEpilogue {
-  static constexpr bool kStore = true, kWalk = false, kEarly = false, kWalkEmpty = false, kSignal = false;
+  static constexpr bool kStore = true, kWalk = false, kEarly = false, kWalkEmpty = false;
   struct Pending {};
   template <int BN, typename DwT>
   __device__ bool walk_empty(const Params&, const Tile&, int, Pending&, bool, bool, const Tile) const { return false; }
@@ -386,17 +385,6 @@ struct StoreEpilogue {
   }
 };
 
-// Epilogue policy of the split expert update (dispatch_dw_adamw_split): StoreEpilogue's stores, and
-// after each tile's stores have completed every store warp adds 1 to p.flags[tile_id] (3 in all), so
-// that the AdamW grid running beside this one (dw_adamw_follow_kernel) can update that tile. The
-// experts without rows are not zeroed: that grid takes their g as 0 itself. kSignal also lets that
-// grid start at once (pdl_trigger), on the SMs this one leaves free.
-struct SignalEpilogue : StoreEpilogue {
-  static constexpr bool kSignal = true;
-  template <typename DwT>
-  __device__ void empty_experts(const Params&, const int32_t*, int) const {}
-};
-
 // ---- the kernel -----------------------------------------------------------------------------------
 // Tiles walk t, t + grid, ... (tiles of experts without rows skipped; one CTA per tile, rows in order:
 // deterministic). Per tile: the consumers' mainloop, then (once sready says the staging tile is free
@@ -408,7 +396,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     gmm_ws_dw_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                      const Params p, const Epi epi) {
   pdl_wait();
-  if constexpr (Epi::kSignal) pdl_trigger();
 #if MT_WGMMA_ENABLED
   using C = Cfg<BN, DwT, BK>;
   constexpr int kS = C::kStages;
@@ -473,7 +460,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       const Tile x = decode<BN, BK>(p, s_off, t);
       const int64_t tn = seek(t + stride);
       wg::mbar_wait_idle(sfull, it & 1u);
-      int* const flag = Epi::kSignal ? p.flags + tile_id(p, x) : nullptr;  // (x need not live past release)
       if constexpr (Epi::kStore) {
         const uint32_t na = row_bytes<BN, DwT>(p, x, own.a);
         const uint32_t nb = own.has_b ? row_bytes<BN, DwT>(p, x, own.b) : 0u;
@@ -492,13 +478,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       __syncwarp();
       if constexpr (Epi::kStore) wg::bulk_wait_read();
       if (tn < total) release(decode<BN, BK>(p, s_off, tn));
-      if constexpr (Epi::kSignal) {  // this lane's rows of tile x are written: publish (release) to the AdamW grid
-        wg::bulk_wait_all();
-        asm volatile("fence.proxy.async.global;\n" ::: "memory");
-        __threadfence();
-        __syncwarp();
-        if (lane == 0) atomicAdd(flag, 1);
-      }
       t = tn;
     }
     wg::bulk_wait_all();

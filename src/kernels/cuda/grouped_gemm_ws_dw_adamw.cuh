@@ -225,7 +225,7 @@ template <typename W, typename MT, typename VT, int U, bool Early = false>
 struct AdamWEpilogue {
   // kWalkEmpty with bf16 state only: with f32 state the extra per-tile path made the whole kernel
   // 1.85x slower on the H100 (gate_up 4.15 -> 7.71 ms, not understood yet), so f32 keeps the tail.
-  static constexpr bool kStore = false, kWalk = true, kEarly = Early, kWalkEmpty = sizeof(W) == 2, kSignal = false;
+  static constexpr bool kStore = false, kWalk = true, kEarly = Early, kWalkEmpty = sizeof(W) == 2;
   using Pending = Batch<W, MT, VT, U>;
   AdamWParams a;
   template <int BN>
@@ -374,91 +374,6 @@ void launch(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, int
   launch_dw_kernel<BN, GT, BK>(ctx, x, dy, N, K, M, p, epi, dw_sm_count(ctx), "grouped_matmul_backward_adamw");
 }
 
-// ---- the split update (MT_FUSED_ADAMW=3): dW on most SMs, AdamW on the rest, at the same time ----
-// The fused kernel's walk is bound by instruction issue on 8 consumer warps per SM, and adamw_kernel
-// alone is bound by DRAM (docs/design/kernels.md, round 32). Here the dW kernel (SignalEpilogue)
-// runs on dw_sms CTAs and writes bf16 g to a workspace, flagging each tile once it is in memory; this
-// grid starts beside it on the free SMs (pdl_trigger) and runs adamw_kernel's body (adamw_chunk: the
-// same bits as dispatch_dw + adamw_kernel, so as the fused kernel) on each flagged tile, U vectors'
-// loads in flight per thread. Its CTAs
-// claim work from one counter: the tiles of experts with rows in the dW kernel's order, with the
-// tiles of experts without rows (g = 0, nothing to wait for) spread evenly between them. CTAs that
-// do not fit beside the dW grid start as its CTAs finish and take the tail.
-template <typename W, typename MT, typename VT, int U>
-__global__ void __launch_bounds__(256, U == 4 ? 2 : U == 2 ? 3 : 4) dw_adamw_follow_kernel(const Params p, const AdamWParams a,
-                                                             const uint16_t* __restrict__ g, int* claim) {
-  __shared__ int32_t s_off[2 * kMaxE + 1];
-  __shared__ int64_t s_j;
-  const int tid = threadIdx.x;
-  // No pdl_wait first: the dW grid triggered this launch after its own pdl_wait, so the kernels before
-  // it (the dx GEMM, which reads the weights this grid writes) have completed.
-  for (int i = tid; i <= p.E; i += blockDim.x) s_off[i] = p.off[i];
-  __syncthreads();
-  expert_order(s_off, p.E, tid, blockDim.x);
-  int busy = 0;
-  for (int e = 0; e < p.E; ++e) busy += s_off[e + 1] > s_off[e];
-  __syncthreads();
-  const int64_t per_e = static_cast<int64_t>(p.nmt) * p.ncol, S = p.E * per_e, P = busy * per_e, Q = S - P;
-  for (;;) {
-    if (tid == 0) s_j = atomicAdd(claim, 1);
-    __syncthreads();
-    const int64_t j = s_j;
-    if (j >= S) break;
-    const int64_t qj = j * Q / S, idle = (j + 1) * Q / S > qj;
-    const Tile x = decode<256, 64>(p, s_off, idle ? P + qj : j - qj);
-    if (!idle && tid == 0) {
-      const int* f = p.flags + tile_id(p, x);
-      int done;
-      for (;;) {
-        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(done) : "l"(f) : "memory");
-        if (done >= 3) break;
-        __nanosleep(256);
-      }
-    }
-    __syncthreads();
-    const WalkGeom geo = walk_geom<256>(p, x);
-    W* const w = static_cast<W*>(a.w);
-    MT* const m = static_cast<MT*>(a.m);
-    VT* const v = static_cast<VT*>(a.v);
-#pragma unroll 1
-    for (int b = tid; b < geo.nvec; b += 256 * U) {  // U vectors' loads in flight, then their updates
-      Raw8<W> rw[U];
-      Raw8<MT> rm[U];
-      Raw8<VT> rv[U];
-      Raw8<uint16_t> rg[U];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int idx = b + 256 * u, c = idx % 32;
-        if (idx >= geo.nvec || c >= geo.nvr) continue;
-        const int64_t i0 = geo.gbase + static_cast<int64_t>(idx / 32) * geo.cj + c * 8;
-        rw[u] = ld8g(w + i0);
-        rm[u] = ld8g(m + i0);
-        rv[u] = ld8g(v + i0);
-        if (!idle) rg[u] = ld8g(g + i0);
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int idx = b + 256 * u, c = idx % 32;
-        if (idx >= geo.nvec || c >= geo.nvr) continue;
-        const int64_t i0 = geo.gbase + static_cast<int64_t>(idx / 32) * geo.cj + c * 8;
-        float wf[8], gf[8], mf[8], vf[8];
-        widen8(rw[u], wf);
-        widen8(rm[u], mf);
-        widen8(rv[u], vf);
-        if (idle) {
-#pragma unroll
-          for (int j = 0; j < 8; ++j) gf[j] = 0.0f;
-        } else {
-          widen8(rg[u], gf);
-        }
-        ad::update_store8(w, m, v, a.comp, i0, wf, gf, mf, vf, a.k, a.sr != 0, a.key, a.counter);
-      }
-    }
-    __syncthreads();  // every thread has read s_j
-  }
-  pdl_wait();  // the dW grid (its sums of squares included) has completed before this grid does
-}
-
 inline bool aligned16(const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15u) == 0; }
 
 }  // namespace dwa
@@ -503,39 +418,6 @@ inline bool dispatch_dw_adamw(Context& ctx, const bf16* x, const bf16* dy, const
     else if (early) dwa::launch<128, float, 32, float, float, float, 2, true>(ctx, x, dy, off, E, N, K, M, a, partial);
     else dwa::launch<128, float, 32, float, float, float, 2>(ctx, x, dy, off, E, N, K, M, a, partial);
   }
-  return true;
-}
-
-// The split update (all-bf16, no prior gradient): dx is the caller's; then the dW kernel on dw_sms
-// CTAs writing bf16 g into `g` ([E, M, K], workspace) and dw_adamw_follow_kernel beside it, with the
-// bits of dispatch_dw_adamw. flags: dw_tiles + 1 ints (zeroed here; the last is the claim counter).
-// follow_u: vectors in flight per AdamW thread (1, 2 or 4; the grid is 4, 3 or 2 CTAs per SM).
-// Returns false (launching nothing) where it does not apply.
-inline bool dispatch_dw_adamw_split(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, int E, int64_t N,
-                                    int64_t K, int64_t M, const DwAdamWArgs& a, double* partial, uint16_t* g,
-                                    int* flags, int dw_sms, int follow_u = 2) {
-  if (!dw_adamw_supported(ctx, E, N, K, M, a) || a.prior || !(a.grad_bf16 && a.master_bf16 && a.m_bf16 && a.v_bf16))
-    return false;
-  const int64_t tiles = dw_tiles(E, K, M, true);
-  MT_CUDA_CHECK(cudaMemsetAsync(flags, 0, static_cast<size_t>(tiles + 1) * sizeof(int), stream_of(ctx)));
-  Params p = dw_params<256>(off, E, K, M, g, false, partial);
-  p.flags = flags;
-  const int sms = dw_sm_count(ctx);
-  const int grid = dw_sms < 1 ? 1 : (dw_sms > sms ? sms : dw_sms);
-  launch_dw_kernel<256, bf16, 64>(ctx, x, dy, N, K, M, p, SignalEpilogue{}, grid, "grouped_matmul_backward_adamw");
-  AdamWParams ap{a.master, a.m, a.v, static_cast<uint16_t*>(a.compute), a.k, a.key, a.counter, a.sr ? 1 : 0};
-  using u16 = uint16_t;
-  const unsigned fgrid = static_cast<unsigned>(sms * (follow_u == 4 ? 2 : follow_u == 1 ? 4 : 3));
-  if (follow_u == 4)
-    launch_pdl(dwa::dw_adamw_follow_kernel<u16, u16, u16, 4>, fgrid, 256, 0, stream_of(ctx), p, ap,
-               static_cast<const u16*>(g), flags + tiles);
-  else if (follow_u == 1)
-    launch_pdl(dwa::dw_adamw_follow_kernel<u16, u16, u16, 1>, fgrid, 256, 0, stream_of(ctx), p, ap,
-               static_cast<const u16*>(g), flags + tiles);
-  else
-    launch_pdl(dwa::dw_adamw_follow_kernel<u16, u16, u16, 2>, fgrid, 256, 0, stream_of(ctx), p, ap,
-               static_cast<const u16*>(g), flags + tiles);
-  check_launch("grouped_matmul_backward_adamw");
   return true;
 }
 

@@ -62,22 +62,6 @@ bool grouped_matmul_backward_adamw(Context& ctx, const Tensor& x, const Tensor& 
              "expected 0, 4, 8 or 12", v);
     return static_cast<int>(v);
   }();
-  // MT_FUSED_ADAMW=3 (an experiment, read once): the split update, dW and AdamW side by side on
-  // separate SMs (dispatch_dw_adamw_split); MT_SPLIT_DW_SMS (default 96) CTAs run the dW kernel. It
-  // needs a bf16 gradient workspace of the tensor's size, which the planner does not count.
-  static const int split_sms = static_cast<int>(env_int("MT_SPLIT_DW_SMS", 96));
-  static const int split_u = static_cast<int>(env_int("MT_SPLIT_U", 2));  // AdamW vectors in flight: 1, 2 or 4
-  if (mode == 3 && !a.prior && a.grad_bf16 && a.master_bf16 && a.m_bf16 && a.v_bf16) {
-    Tensor g = Tensor::empty(w.shape(), DType::kBF16, w.device(), MemCategory::kWorkspace);
-    Tensor flags = Tensor::empty({tiles + 1}, DType::kI32, w.device(), MemCategory::kWorkspace);
-    if (gwd::dispatch_dw_adamw_split(ctx, static_cast<const __nv_bfloat16*>(x.data_ptr()),
-                                     static_cast<const __nv_bfloat16*>(dy.data_ptr()), offsets.data<int32_t>(),
-                                     static_cast<int>(E), N, K, M, a, part, static_cast<uint16_t*>(g.data_ptr()),
-                                     static_cast<int*>(flags.data_ptr()), split_sms, split_u)) {
-      if (sum_squares) add_partials_into(ctx, part, tiles, static_cast<double*>(sum_squares->data_ptr()));
-      return true;
-    }
-  }
   gwd::dispatch_dw_adamw(ctx, static_cast<const __nv_bfloat16*>(x.data_ptr()),
                          static_cast<const __nv_bfloat16*>(dy.data_ptr()), offsets.data<int32_t>(),
                          static_cast<int>(E), N, K, M, a, part, variant);

@@ -21,16 +21,6 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
-// Lets the next launch on the stream (made with launch_pdl) start its CTAs on free SMs now, instead of
-// when this grid ends. For a kernel whose dependent reads this grid's output through its own flags
-// (the split expert update, grouped_gemm_ws_dw_adamw.cuh); that dependent's pdl_wait() still waits
-// for this whole grid.
-__device__ __forceinline__ void pdl_trigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-
 // Whether launch_pdl asks for PDL: the current device is sm_90 or later and the environment variable
 // MT_PDL is not "0" (a benchmark switch, read once per process).
 inline bool pdl_enabled() {
