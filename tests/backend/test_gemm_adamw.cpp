@@ -8,6 +8,7 @@
 // experts without rows and unused capacity rows, plus a small odd shape. On Hopper the fused
 // epilogue kernel must take every one of these settings when forced (cuda::'s entry point), and the
 // ops:: entry (which fuses only with an f32 master) must match too.
+#include <cmath>
 #include <cstring>
 #include <random>
 
@@ -44,17 +45,28 @@ struct Precision {
 };
 
 void run_case(const std::vector<int32_t>& counts, int64_t spare_rows, int64_t K, int64_t M, const Precision& pr,
-              bool with_prior, bool expect_fused, int moments = 0) {
+              bool with_prior, bool expect_fused, int moments = 0, bool nonfinite = false) {
   const int64_t E = static_cast<int64_t>(counts.size());
   std::vector<int32_t> off(counts.size() + 1, 0);
   for (size_t e = 0; e < counts.size(); ++e) off[e + 1] = off[e] + counts[e];
   const int64_t N = off.back() + spare_rows;
   const Tensor offsets = Tensor::from_ints(off, {E + 1}).to(Device::cuda(0));
   const std::string tag = std::string(pr.name) + (with_prior ? ", +prior" : ", fresh") +
-                          (moments == 1 ? ", zero moments" : moments ? ", tiny m" : "") + ", E" + std::to_string(E) +
+                          (moments == 1 ? ", zero moments" : moments ? ", tiny m" : "") +
+                          (nonfinite ? ", NaN and inf weights" : "") + ", E" + std::to_string(E) +
                           " N" + std::to_string(N) + " K" + std::to_string(K) + " M" + std::to_string(M);
   const Tensor x = gpu_normal({N, K}, DType::kBF16, 1, 0.0f, 1.0f), dy = gpu_normal({N, M}, DType::kBF16, 3, 0.0f, 1.0f);
-  const Tensor w0 = gpu_normal({E, M, K}, DType::kBF16, 2, 0.0f, 0.03f);
+  Tensor w0 = gpu_normal({E, M, K}, DType::kBF16, 2, 0.0f, 0.03f);
+  if (nonfinite) {  // NaN, +inf and -inf weights at even and odd positions of a few vectors, every expert
+    Tensor h = w0.to(Device::cpu());
+    const double nan = std::nan(""), inf = HUGE_VAL;
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t i : {int64_t{0}, int64_t{3}, int64_t{8}, int64_t{9}, K + 5, M * K - 1, M * K / 2 + 6}) {
+        const int64_t at = e * M * K + i;
+        h.set(at, i % 3 == 0 ? nan : i % 3 == 1 ? inf : -inf);
+      }
+    w0 = h.to(Device::cuda(0));
+  }
   const Tensor prior0 = gpu_normal({E, M, K}, pr.grad, 5, 0.0f, 0.5f);
   // moments 1: m = v = 0, as before a run's first step and, step after step, for an expert that has
   // not had a row yet (the fused kernel's exact-zero fast path). 2, 3: m tiny (about 1e-25, and about
@@ -115,6 +127,10 @@ void run_case(const std::vector<int32_t>& counts, int64_t spare_rows, int64_t K,
   EXPECT_TRUE(m && v) << "moments " << tag;
   EXPECT_TRUE(ss) << "sum of squares " << tag;
   EXPECT_FALSE(same_bits(a.w, w0)) << "the weights did not change " << tag;
+  if (nonfinite) {  // NaN stays NaN; an infinite weight becomes NaN too (inf - lr wd inf, decoupled decay)
+    const Tensor h = a.w.to(Device::cpu());
+    EXPECT_TRUE(std::isnan(h.get(0)) && std::isnan(h.get(8))) << tag;
+  }
   check_scalar("grouped_matmul_backward_adamw", tag + ": bits == grouped_matmul_backward + adamw_step",
                dx && w && mst && m && v && ss ? 0.0 : 1.0, 0.0, 0.0);
 }
@@ -140,6 +156,7 @@ TEST(Backend, GroupedMatmulBackwardAdamWModelWidths) {
   run_case(counts, 40, 2048, 1536, kPrecisions[0], false, hopper);
   run_case(counts, 40, 2048, 1536, kPrecisions[2], true, hopper);
   for (const Precision& pr : kPrecisions) run_case(counts, 40, 768, 2048, pr, false, hopper, 1);
+  run_case(counts, 40, 768, 2048, kPrecisions[0], false, hopper, 0, true);
   for (const int tiny : {2, 3}) {
     run_case(counts, 40, 768, 2048, kPrecisions[0], false, hopper, tiny);
     run_case(counts, 40, 768, 2048, kPrecisions[2], false, hopper, tiny);
@@ -153,6 +170,7 @@ TEST(Backend, GroupedMatmulBackwardAdamWSmallShapes) {
       run_case({0, 37, 0, 130, 5}, 3, 200, 136, pr, prior, false);
       run_case({64, 0, 0}, 0, 72, 24, pr, prior, false);
       for (const int moments : {1, 2, 3}) run_case({0, 37, 0, 130, 5}, 3, 200, 136, pr, prior, false, moments);
+      run_case({0, 37, 0, 130, 5}, 3, 200, 136, pr, prior, false, 0, true);
     }
 }
 

@@ -67,7 +67,6 @@ __device__ __forceinline__ void store8s(float* p, const float (&x)[8]) {
   st16s(p + 4, make_uint4(__float_as_uint(x[4]), __float_as_uint(x[5]), __float_as_uint(x[6]), __float_as_uint(x[7])));
 }
 __device__ __forceinline__ void store8s(uint16_t* p, const float (&x)[8]) { st16s(p, ad::narrow8_bits(x)); }
-__device__ __forceinline__ void store8s_bits(uint16_t* p, const uint16_t (&b)[8]) { st16s(p, ad::pack8_bits(b)); }
 
 // New m, v, w of 8 consecutive elements from flat index i0 (a multiple of 8): the vector body of
 // adamw_kernel, the same operations in the same order. kZeros: am::update8's fast path for exact zeros
@@ -75,26 +74,49 @@ __device__ __forceinline__ void store8s_bits(uint16_t* p, const uint16_t (&b)[8]
 template <typename W, typename MT, typename VT, bool kZeros = false>
 __device__ __forceinline__ void apply8(const AdamWParams& a, int64_t i0, const float (&g)[8], float (&w)[8],
                                        float (&m)[8], float (&v)[8]) {
-  uint32_t rnd[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  if (std::is_same_v<W, uint16_t> && a.sr) {
-    const Philox4 r = am::sr_bits(a.key, a.counter, static_cast<uint64_t>(i0) >> 3);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) rnd[j] = am::random_half(r, j);
-  }
-  uint16_t wb[8];
   am::update8<kZeros>(a.k, g, m, v, w);
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    if constexpr (std::is_same_v<W, uint16_t>) {
-      wb[j] = a.sr ? am::bf16_stochastic(w[j], rnd[j]) : am::bf16_rne(w[j]);
-      w[j] = am::bf16_to_f32(wb[j]);
-    }
-  }
   store8s(static_cast<MT*>(a.m) + i0, m);
   store8s(static_cast<VT*>(a.v) + i0, v);
-  if constexpr (std::is_same_v<W, uint16_t>) store8s_bits(static_cast<W*>(a.w) + i0, wb);
-  else store8s(static_cast<W*>(a.w) + i0, w);
-  if (a.comp) store8s(a.comp + i0, w);
+  if constexpr (std::is_same_v<W, uint16_t>) {
+    // The stored weights, two to a word: bf16_stochastic's or bf16_rne's bits per element. Stochastic
+    // rounding adds each weight's random half-word (element 2i: the low half of Philox word i, 2i + 1:
+    // the high half) and keeps the high halves of the two sums with one byte permute; a NaN weight
+    // (bf16_stochastic: 0x7fff) is tested once per vector instead of selected per element.
+    uint32_t wb[4];
+    if (a.sr) {
+      const Philox4 r = am::sr_bits(a.key, a.counter, static_cast<uint64_t>(i0) >> 3);
+      bool nan = false;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t lo = __float_as_uint(w[2 * i]) + (r.v[i] & 0xffffu);
+        const uint32_t hi = __float_as_uint(w[2 * i + 1]) + (r.v[i] >> 16);
+        wb[i] = __byte_perm(lo, hi, 0x7632);
+        nan |= (w[2 * i] != w[2 * i]) | (w[2 * i + 1] != w[2 * i + 1]);
+      }
+      if (nan) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          if (w[2 * i] != w[2 * i]) wb[i] = (wb[i] & 0xffff0000u) | 0x7fffu;
+          if (w[2 * i + 1] != w[2 * i + 1]) wb[i] = (wb[i] & 0xffffu) | 0x7fff0000u;
+        }
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) wb[i] = am::bf16x2_rne(w[2 * i], w[2 * i + 1]);
+    }
+    st16s(static_cast<W*>(a.w) + i0, make_uint4(wb[0], wb[1], wb[2], wb[3]));
+    if (a.comp) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        w[2 * i] = __uint_as_float(wb[i] << 16);
+        w[2 * i + 1] = __uint_as_float(wb[i] & 0xffff0000u);
+      }
+      store8s(a.comp + i0, w);
+    }
+  } else {
+    store8s(static_cast<W*>(a.w) + i0, w);
+    if (a.comp) store8s(a.comp + i0, w);
+  }
 }
 
 // apply8 for the experts without rows: kZeros' selects (about 12 instructions an element) only for a
