@@ -320,18 +320,29 @@ void bench_projections(Context& ctx, const ModelConfig& mc, const KernelBenchOpt
            rows.time([&] { ops::matmul(ctx, dh, Trans::kYes, attn, Trans::kNo, go); }), fo);
 }
 
+// The loss head's inputs at the model's shapes: x [T,H], the lm_head [V,H], random labels, weights 1/T,
+// and its outputs dx, nll, lse.
+struct LossHeadInputs {
+  Tensor x, w, labels, weights, dx, nll, lse;
+  LossHeadInputs(Context& ctx, int64_t T, int64_t H, int64_t V, DType dt, uint64_t seed) {
+    x = randn(ctx, {T, H}, dt, 1.0f, seed), w = randn(ctx, {V, H}, dt, 0.02f, seed + 1);
+    std::mt19937_64 g(seed);
+    std::vector<int32_t> lab(static_cast<size_t>(T));
+    for (auto& l : lab) l = static_cast<int32_t>(g() % static_cast<uint64_t>(V));
+    labels = Tensor::from_ints(lab, {T}).to(ctx.device());
+    weights = Tensor::from_floats(std::vector<float>(static_cast<size_t>(T), 1.0f / static_cast<float>(T)), {T})
+                  .to(ctx.device());
+    dx = Tensor::empty({T, H}, dt, ctx.device());
+    nll = Tensor::empty({T}, DType::kF32, ctx.device()), lse = Tensor::empty({T}, DType::kF32, ctx.device());
+  }
+};
+
 void bench_loss_head(Context& ctx, const ModelConfig& mc, const KernelBenchOptions& o, Rows& rows) {
   const int64_t T = o.tokens, H = mc.hidden_size, V = mc.vocab_size;
   const DType dt = compute_dtype(ctx);
-  const Tensor x = randn(ctx, {T, H}, dt, 1.0f, 21), w = randn(ctx, {V, H}, dt, 0.02f, 22);
-  std::mt19937_64 g(7);
-  std::vector<int32_t> lab(static_cast<size_t>(T));
-  for (auto& l : lab) l = static_cast<int32_t>(g() % static_cast<uint64_t>(V));
-  const Tensor labels = Tensor::from_ints(lab, {T}).to(ctx.device());
-  const Tensor weights =
-      Tensor::from_floats(std::vector<float>(static_cast<size_t>(T), 1.0f / static_cast<float>(T)), {T}).to(ctx.device());
-  Tensor dx = Tensor::empty({T, H}, dt, ctx.device());
-  Tensor nll = Tensor::empty({T}, DType::kF32, ctx.device()), lse = Tensor::empty({T}, DType::kF32, ctx.device());
+  LossHeadInputs in(ctx, T, H, V, dt, 21);
+  const Tensor &x = in.x, &w = in.w, &labels = in.labels, &weights = in.weights;
+  Tensor &dx = in.dx, &nll = in.nll, &lse = in.lse;
   const double f = 6.0 * static_cast<double>(T) * static_cast<double>(V) * static_cast<double>(H);
   // The lm_head gradient in f32 (default precision) and, on a device, bf16 (all-bf16, as torch keeps it).
   std::vector<DType> grad_dtypes = {DType::kF32};
@@ -394,6 +405,65 @@ void bench_loss_head(Context& ctx, const ModelConfig& mc, const KernelBenchOptio
   }
 }
 
+// The loss head's parts for one chunk of n rows (each chunk size timed, and n = T, the unfused
+// head): the logits GEMM, cross-entropy forward + backward, the dx GEMM ([n,V] x [V,H]: an [n,H]
+// output over K = V, few output tiles when n is small) and the lm_head dW GEMM (+=, f32 and bf16).
+// The chunked head is about T / n of the sum; these rows say which part its extra time is in.
+void bench_loss_head_parts(Context& ctx, const ModelConfig& mc, const KernelBenchOptions& o, Rows& rows) {
+  const int64_t T = o.tokens, H = mc.hidden_size, V = mc.vocab_size;
+  const DType dt = compute_dtype(ctx);
+  std::vector<int64_t> ns = o.ce_chunks;
+  if (ns.empty()) ns.push_back(loss_head_chunk_rows(T, V, dt, 0, ModelOptions{}.ce_chunk_bytes));
+  ns.push_back(T);
+  for (int64_t& n : ns) n = std::clamp<int64_t>(n, 1, T);
+  std::sort(ns.begin(), ns.end());
+  ns.erase(std::unique(ns.begin(), ns.end()), ns.end());
+  LossHeadInputs in(ctx, T, H, V, dt, 23);
+  const Tensor &x = in.x, &w = in.w, &labels = in.labels, &weights = in.weights;
+  Tensor &dx = in.dx, &nll = in.nll, &lse = in.lse;
+  Tensor dw32 = Tensor::zeros({V, H}, DType::kF32, ctx.device()), dw16 = Tensor::zeros({V, H}, dt, ctx.device());
+  // (on the CPU dt is f32, and dw16 is skipped below)
+  for (const int64_t n : ns) {
+    Tensor lc = Tensor::empty({n, V}, dt, ctx.device(), MemCategory::kWorkspace);
+    const Tensor xc = x.slice(0, 0, n), lab = labels.slice(0, 0, n), wt = weights.slice(0, 0, n);
+    Tensor nc = nll.slice(0, 0, n), sc = lse.slice(0, 0, n), dxc = dx.slice(0, 0, n);
+    ops::matmul(ctx, xc, Trans::kNo, w, Trans::kYes, lc);
+    const double f = 2.0 * static_cast<double>(n) * static_cast<double>(V) * static_cast<double>(H);
+    const std::string tag = fmt::format("loss head part, {} rows of T{} H{} V{}", n, T, H, V);
+    const std::string key = fmt::format("loss_head.part.r{}", n);
+    rows.add(key + ".fwd", tag + ": logits GEMM",
+             rows.time([&] { ops::matmul(ctx, xc, Trans::kNo, w, Trans::kYes, lc); }), f);
+    Tensor dc = Tensor::empty({n, V}, dt, ctx.device(), MemCategory::kWorkspace);
+    rows.add(key + ".ce", tag + ": cross-entropy fwd + bwd", rows.time([&] {
+      ops::cross_entropy_forward(ctx, lc, lab, Tensor(), nc, sc);
+      ops::cross_entropy_backward(ctx, lc, lab, wt, sc, 1.0f, dc);
+    }), 0);
+    rows.add(key + ".dx", tag + ": dx GEMM [n,V] x [V,H]",
+             rows.time([&] { ops::matmul(ctx, dc, Trans::kNo, w, Trans::kNo, dxc); }), f);
+    // The lm_head gradient: cuBLAS, and the expert dW GEMM of one expert with n rows (on cc 9.0 the
+    // Hopper kernel, whose store warps write, or load and add, each tile under the next tile's
+    // mainloop); f32 +=, and on a bf16 device bf16 += and written.
+    const Tensor off = Tensor::from_ints({0, static_cast<int32_t>(n)}, {2}).to(ctx.device());
+    const Tensor w3 = w.view({1, V, H});
+    Tensor none;
+    for (Tensor* dw : {&dw32, &dw16}) {
+      if (dw->dtype() == DType::kF32 && dw == &dw16) continue;  // a CPU run has no bf16 gradient
+      const std::string dk = dw == &dw32 ? "" : "_bf16";
+      const std::string dn = dw == &dw32 ? "f32" : "bf16";
+      Tensor dw3 = dw->view({1, V, H});
+      rows.add(key + ".dw" + dk, tag + ": dW GEMM " + dn + " +=",
+               rows.time([&] { ops::matmul(ctx, dc, Trans::kYes, xc, Trans::kNo, *dw, 1.0f, 1.0f); }), f);
+      rows.add(key + ".dw_gmm" + dk, tag + ": dW as a one-expert grouped GEMM, " + dn + " +=",
+               rows.time([&] { ops::grouped_matmul_backward(ctx, xc, w3, off, dc, none, dw3, true); }), f);
+      if (dw == &dw32) continue;
+      rows.add(key + ".dw" + dk + "_write", tag + ": dW GEMM " + dn + " written",
+               rows.time([&] { ops::matmul(ctx, dc, Trans::kYes, xc, Trans::kNo, *dw, 1.0f, 0.0f); }), f);
+      rows.add(key + ".dw_gmm" + dk + "_write", tag + ": dW as a one-expert grouped GEMM, " + dn + " written",
+               rows.time([&] { ops::grouped_matmul_backward(ctx, xc, w3, off, dc, none, dw3, false); }), f);
+    }
+  }
+}
+
 }  // namespace
 
 GemmCeiling measure_gemm_ceiling(Context& ctx, int64_t n, int reps) {
@@ -421,6 +491,7 @@ nlohmann::json run_kernel_benchmarks(Context& ctx, const ModelConfig& mc, const 
   bench_attention(ctx, mc, o, o.doc < o.tokens ? o.doc : std::max<int64_t>(1, o.tokens / 4), "packed", rows);
   bench_projections(ctx, mc, o, rows);
   bench_loss_head(ctx, mc, o, rows);
+  bench_loss_head_parts(ctx, mc, o, rows);
   return rows.out;
 }
 
