@@ -79,39 +79,10 @@ __device__ __forceinline__ void apply8(const AdamWParams& a, int64_t i0, const f
   store8s(static_cast<MT*>(a.m) + i0, m);
   store8s(static_cast<VT*>(a.v) + i0, v);
   if constexpr (std::is_same_v<W, uint16_t>) {
-    // The stored weights, two to a word: bf16_stochastic's or bf16_rne's bits per element. Stochastic
-    // rounding adds each weight's random half-word (element 2i: the low half of Philox word i, 2i + 1:
-    // the high half) and keeps the high halves of the two sums with one byte permute; a NaN weight
-    // (bf16_stochastic: 0x7fff) is tested once per vector instead of selected per element.
-    uint32_t wb[4];
-    if (a.sr) {
-      const Philox4 r = am::sr_bits(a.key, a.counter, static_cast<uint64_t>(i0) >> 3);
-      bool nan = false;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const uint32_t lo = __float_as_uint(w[2 * i]) + (r.v[i] & 0xffffu);
-        const uint32_t hi = __float_as_uint(w[2 * i + 1]) + (r.v[i] >> 16);
-        wb[i] = __byte_perm(lo, hi, 0x7632);
-        nan |= (w[2 * i] != w[2 * i]) | (w[2 * i + 1] != w[2 * i + 1]);
-      }
-      if (nan) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          if (w[2 * i] != w[2 * i]) wb[i] = (wb[i] & 0xffff0000u) | 0x7fffu;
-          if (w[2 * i + 1] != w[2 * i + 1]) wb[i] = (wb[i] & 0xffffu) | 0x7fff0000u;
-        }
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) wb[i] = am::bf16x2_rne(w[2 * i], w[2 * i + 1]);
-    }
-    st16s(static_cast<W*>(a.w) + i0, make_uint4(wb[0], wb[1], wb[2], wb[3]));
+    const uint4 b = ad::round8_bits(w, a.sr != 0, a.key, a.counter, i0);  // two weights a word
+    st16s(static_cast<W*>(a.w) + i0, b);
     if (a.comp) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        w[2 * i] = __uint_as_float(wb[i] << 16);
-        w[2 * i + 1] = __uint_as_float(wb[i] & 0xffff0000u);
-      }
+      ad::widen8_bits(b, w);
       store8s(a.comp + i0, w);
     }
   } else {
