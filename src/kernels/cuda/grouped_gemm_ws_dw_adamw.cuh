@@ -69,8 +69,8 @@ __device__ __forceinline__ void store8s(float* p, const float (&x)[8]) {
 __device__ __forceinline__ void store8s(uint16_t* p, const float (&x)[8]) { st16s(p, ad::narrow8_bits(x)); }
 
 // New m, v, w of 8 consecutive elements from flat index i0 (a multiple of 8): the vector body of
-// adamw_kernel, the same operations in the same order. kFast: am::update8's kFastDenom (the launch
-// checked am::denom_fast_range). kZeros: am::update8's fast path for exact zeros
+// adamw_kernel, the same operations in the same order. kFast: am::update8's kFastWalk (the launch
+// checked am::fast_walk_ok). kZeros: am::update8's fast path for exact zeros
 // and tiny first moments (the experts without rows, whose moments are often 0 or decayed).
 template <typename W, typename MT, typename VT, bool kZeros = false, bool kFast = false>
 __device__ __forceinline__ void apply8(const AdamWParams& a, int64_t i0, const float (&g)[8], float (&w)[8],
@@ -395,13 +395,13 @@ inline bool dw_adamw_supported(const Context& ctx, int E, int64_t N, int64_t K, 
 // (4) = the other walk depth (default: 2 vectors per thread in flight, measured fastest on H100;
 // other: 4 for all-bf16, 1 for f32); bit 3 (8) = fetch a tile's first w, m, v after its mainloop
 // instead of before it (measured 2-4% slower); bit 4 (16) = the full range tests of the divide even
-// where adamw_math::denom_fast_range allows the shorter ones (kFastDenom, the default walk of all-bf16
-// and of f32 state). Bits 0-1 (removed L2 prefetch modes) are ignored.
+// where adamw_math::fast_walk_ok allows the shorter ones and g unscaled (kFastWalk, the default walk
+// of all-bf16 state; with f32 state it spilled 60 bytes). Bits 0-1 (removed L2 prefetch modes) are ignored.
 inline bool dispatch_dw_adamw(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, int E, int64_t N,
                               int64_t K, int64_t M, const DwAdamWArgs& a, double* partial, int variant = 0) {
   if (!dw_adamw_supported(ctx, E, N, K, M, a)) return false;
   const int alt = (variant >> 2) & 1, early = !((variant >> 3) & 1);
-  const bool fast = !((variant >> 4) & 1) && adamw_math::denom_fast_range(a.k);
+  const bool fast = !((variant >> 4) & 1) && adamw_math::fast_walk_ok(a.k);
   using u16 = uint16_t;
   if (a.grad_bf16 && a.master_bf16) {
     if (alt && early) dwa::launch<256, bf16, 64, u16, u16, u16, 4, true>(ctx, x, dy, off, E, N, K, M, a, partial);
@@ -415,8 +415,6 @@ inline bool dispatch_dw_adamw(Context& ctx, const bf16* x, const bf16* dy, const
     else dwa::launch<256, bf16, 64, float, float, float, 2>(ctx, x, dy, off, E, N, K, M, a, partial);
   } else {
     if (alt) dwa::launch<128, float, 32, float, float, float, 1, true>(ctx, x, dy, off, E, N, K, M, a, partial);
-    else if (early && fast)
-      dwa::launch<128, float, 32, float, float, float, 2, true, true>(ctx, x, dy, off, E, N, K, M, a, partial);
     else if (early) dwa::launch<128, float, 32, float, float, float, 2, true>(ctx, x, dy, off, E, N, K, M, a, partial);
     else dwa::launch<128, float, 32, float, float, float, 2>(ctx, x, dy, off, E, N, K, M, a, partial);
   }
