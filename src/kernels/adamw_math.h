@@ -145,13 +145,16 @@ __device__ __forceinline__ float div_fast(float a, float b) {
 // kFastWalk (only where fast_walk_ok(c) holds, and not with kZeros): no multiply by grad_scale (it is
 // 1), and v is tested against [2^-101, 2^100) instead of sqrt_fast_ok's range, which puts the
 // denominator inside div_fast's, so the divide tests only its numerator (about 5 instructions an
-// element fewer in all). A v outside the narrower range is redone by update() like any other miss.
+// element fewer in all). A v outside the narrower range is redone by update() like any other miss;
+// a miss in any element redoes all 8 (every element then has update()'s bits either way), which
+// spares the per-element bookkeeping of which ones missed.
 template <bool kZeros = false, bool kFastWalk = false>
 __device__ __forceinline__ void update8(const Consts& c, const float (&grad)[8], float (&m)[8], float (&v)[8],
                                         float (&w)[8]) {
   constexpr bool kFast = kFastWalk && !kZeros;
   float m0[8], v0[8], w0[8];
   unsigned redo = 0;
+  bool bad = false;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     m0[j] = m[j], v0[j] = v[j], w0[j] = w[j];
@@ -194,9 +197,11 @@ __device__ __forceinline__ void update8(const Consts& c, const float (&grad)[8],
       q = div_fast(a, denom);
       ok = ok && (kFast ? exp_field(a) - kExp64 <= kExpSpan : div_fast_ok(a, denom));
     }
-    redo |= static_cast<unsigned>(!ok) << j;
+    if constexpr (kFast) bad = bad || !ok;  // (a predicate OR, instead of a select, shift and OR)
+    else redo |= static_cast<unsigned>(!ok) << j;
     w[j] = sub(w[j], mul(c.lr, add(q, wdw)));
   }
+  if constexpr (kFast) redo = bad ? 0xffu : 0u;  // a miss is rare here: redo the whole vector
   if (redo) {
 #pragma unroll
     for (int j = 0; j < 8; ++j)
