@@ -66,6 +66,17 @@ inline Consts make_consts(float lr, float beta1, float beta2, float eps, float w
   return k;
 }
 
+// Whether update8<..., kFastWalk> may run with these constants: grad_scale exactly 1 (no clipping
+// factor: the update in backward), eps in [2^-62, 2^62) and 1 / sqrt(bc2) in [0, 2^12) (every
+// practical setting; 2^12 needs 1 - beta2^step < 2^-24). Then g * grad_scale is g (its NaNs too, as far
+// as any stored bit goes: every later operation returns the canonical NaN), and for v in
+// [2^-101, 2^100) the square root s < 2^50 (correctly rounded, at most 2^50), s / sqrt(bc2) <= 2^62 and
+// the denominator s / sqrt(bc2) + eps lies in [2^-62, 2^63]: normal, and inside div_fast's [2^-63, 2^64).
+inline bool fast_walk_ok(const Consts& c) {
+  return c.grad_scale == 1.0f && c.eps >= 0x1p-62f && c.eps < 0x1p62f && c.inv_sqrt_bc2 >= 0.0f &&
+         c.inv_sqrt_bc2 < 0x1p12f;
+}
+
 // One element: g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g g;
 // w -= lr * ((m / bc1) / (sqrt(v) / sqrt(bc2) + eps) + wd * w), with bc = 1 - b^t applied as the
 // host's reciprocals (one divide and one square root per element). m, v and w are f32 in and out
@@ -99,6 +110,8 @@ __device__ __forceinline__ float rcp_approx_ftz(float x) {
 }
 // The range test of the compiler's own sqrt.rn fast path: x in [2^-101, 2^127) (positive, normal).
 __device__ __forceinline__ bool sqrt_fast_ok(float x) { return __float_as_uint(x) - 0x0d000000u <= 0x727fffffu; }
+// A narrower range, x in [2^-101, 2^100), for update8<..., kFastWalk> (see fast_walk_ok).
+__device__ __forceinline__ bool sqrt_fast_ok_narrow(float x) { return __float_as_uint(x) - 0x0d000000u <= 0x647fffffu; }
 // sqrt.rn's fast sequence (one Newton step on the MUFU reciprocal square root): exact where sqrt_fast_ok.
 __device__ __forceinline__ float sqrt_fast(float x) {
   const float r = rsqrt_approx_ftz(x);
@@ -129,18 +142,26 @@ __device__ __forceinline__ float div_fast(float a, float b) {
 // IEEE square root and divide. It also keeps tiny numerators (m decayed over many idle steps) on
 // the fast path. The selects cost about 12 instructions per element, so only the walks of experts
 // without rows use it (they are where the zeros and the decayed moments are).
-template <bool kZeros = false>
+// kFastWalk (only where fast_walk_ok(c) holds, and not with kZeros): no multiply by grad_scale (it is
+// 1), and v is tested against [2^-101, 2^100) instead of sqrt_fast_ok's range, which puts the
+// denominator inside div_fast's, so the divide tests only its numerator (about 5 instructions an
+// element fewer in all). A v outside the narrower range is redone by update() like any other miss;
+// a miss in any element redoes all 8 (every element then has update()'s bits either way), which
+// spares the per-element bookkeeping of which ones missed.
+template <bool kZeros = false, bool kFastWalk = false>
 __device__ __forceinline__ void update8(const Consts& c, const float (&grad)[8], float (&m)[8], float (&v)[8],
                                         float (&w)[8]) {
+  constexpr bool kFast = kFastWalk && !kZeros;
   float m0[8], v0[8], w0[8];
   unsigned redo = 0;
+  bool bad = false;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     m0[j] = m[j], v0[j] = v[j], w0[j] = w[j];
-    const float g = mul(grad[j], c.grad_scale);
+    const float g = kFast ? grad[j] : mul(grad[j], c.grad_scale);
     m[j] = add(mul(c.b1, m[j]), mul(c.one_minus_b1, g));
     v[j] = add(mul(c.b2, v[j]), mul(mul(c.one_minus_b2, g), g));
-    bool ok = sqrt_fast_ok(v[j]);
+    bool ok = kFast ? sqrt_fast_ok_narrow(v[j]) : sqrt_fast_ok(v[j]);
     float s = sqrt_fast(v[j]);
     if constexpr (kZeros) {
       const bool zv = v[j] == 0.0f;
@@ -174,11 +195,13 @@ __device__ __forceinline__ void update8(const Consts& c, const float (&grad)[8],
       }
     } else {
       q = div_fast(a, denom);
-      ok = ok && div_fast_ok(a, denom);
+      ok = ok && (kFast ? exp_field(a) - kExp64 <= kExpSpan : div_fast_ok(a, denom));
     }
-    redo |= static_cast<unsigned>(!ok) << j;
+    if constexpr (kFast) bad = bad || !ok;  // (a predicate OR, instead of a select, shift and OR)
+    else redo |= static_cast<unsigned>(!ok) << j;
     w[j] = sub(w[j], mul(c.lr, add(q, wdw)));
   }
+  if constexpr (kFast) redo = bad ? 0xffu : 0u;  // a miss is rare here: redo the whole vector
   if (redo) {
 #pragma unroll
     for (int j = 0; j < 8; ++j)

@@ -52,10 +52,22 @@ void run_case(const std::vector<int32_t>& counts, int64_t spare_rows, int64_t K,
   const int64_t N = off.back() + spare_rows;
   const Tensor offsets = Tensor::from_ints(off, {E + 1}).to(Device::cuda(0));
   const std::string tag = std::string(pr.name) + (with_prior ? ", +prior" : ", fresh") +
-                          (moments == 1 ? ", zero moments" : moments ? ", tiny m" : "") +
-                          (nonfinite ? ", NaN and inf weights" : "") + ", E" + std::to_string(E) +
+                          (moments == 1   ? ", zero moments"
+                           : moments == 4 ? ", huge v"
+                           : moments == 5 ? ", eps 0"
+                           : moments == 6 ? ", grad scale 0.5"
+                           : moments      ? ", tiny m"
+                                          : "") +
+                          (nonfinite ? ", NaN and inf weights, a NaN gradient row" : "") +
+                          ", E" + std::to_string(E) +
                           " N" + std::to_string(N) + " K" + std::to_string(K) + " M" + std::to_string(M);
-  const Tensor x = gpu_normal({N, K}, DType::kBF16, 1, 0.0f, 1.0f), dy = gpu_normal({N, M}, DType::kBF16, 3, 0.0f, 1.0f);
+  const Tensor x = gpu_normal({N, K}, DType::kBF16, 1, 0.0f, 1.0f);
+  Tensor dy = gpu_normal({N, M}, DType::kBF16, 3, 0.0f, 1.0f);
+  if (nonfinite) {  // a NaN in row 0 of dy: a NaN gradient row for the first expert with rows
+    Tensor h = dy.to(Device::cpu());
+    h.set(5, std::nan(""));
+    dy = h.to(Device::cuda(0));
+  }
   Tensor w0 = gpu_normal({E, M, K}, DType::kBF16, 2, 0.0f, 0.03f);
   if (nonfinite) {  // NaN, +inf and -inf weights at even and odd positions of a few vectors, every expert
     Tensor h = w0.to(Device::cpu());
@@ -72,10 +84,17 @@ void run_case(const std::vector<int32_t>& counts, int64_t spare_rows, int64_t K,
   // not had a row yet (the fused kernel's exact-zero fast path). 2, 3: m tiny (about 1e-25, and about
   // 3e-40, subnormal), as an expert's m after hundreds of idle steps (the scaled-divide fast path).
   const float m_std = moments == 2 ? 1e-25f : moments == 3 ? 3e-40f : 0.01f;
+  // moments 4: a few huge v; 5: eps = 0 and 6: grad_scale 0.5, where the fast walk does not apply
   const Tensor m0 = moments == 1 ? Tensor::zeros({E, M, K}, pr.moments, Device::cuda(0))
                                  : gpu_normal({E, M, K}, pr.moments, 6, 0.0f, m_std);
-  const Tensor v0 = moments == 1 ? Tensor::zeros({E, M, K}, pr.moments, Device::cuda(0))
-                                 : gpu_normal({E, M, K}, pr.moments, 7, 0.02f, 0.005f);  // v stays positive
+  Tensor v0 = moments == 1 ? Tensor::zeros({E, M, K}, pr.moments, Device::cuda(0))
+                           : gpu_normal({E, M, K}, pr.moments, 7, 0.02f, 0.005f);  // v stays positive
+  if (moments == 4) {  // second moments beyond the fast walk's narrow range [2^-101, 2^100): redone exactly
+    Tensor h = v0.to(Device::cpu());
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t i : {int64_t{1}, int64_t{8}, K + 3, M * K - 2}) h.set(e * M * K + i, i % 2 ? 3e30 : 1.3e36);
+    v0 = h.to(Device::cuda(0));
+  }
   Tensor master0;
   if (pr.separate_master) {
     master0 = Tensor::empty({E, M, K}, pr.master, Device::cuda(0));
@@ -88,6 +107,8 @@ void run_case(const std::vector<int32_t>& counts, int64_t spare_rows, int64_t K,
   p.step = 4;
   p.stochastic_rounding = pr.sr;
   p.rng = gpu_ctx().rng(0x520000 + 3, 4);
+  if (moments == 5) p.eps = 0.0f;
+  if (moments == 6) p.grad_scale = 0.5f;
 
   // Two copies of every state tensor: a = the fused op, b = the two ops.
   struct State { Tensor w, master, m, v, prior, dx, ss; };
@@ -157,6 +178,7 @@ TEST(Backend, GroupedMatmulBackwardAdamWModelWidths) {
   run_case(counts, 40, 2048, 1536, kPrecisions[2], true, hopper);
   for (const Precision& pr : kPrecisions) run_case(counts, 40, 768, 2048, pr, false, hopper, 1);
   run_case(counts, 40, 768, 2048, kPrecisions[0], false, hopper, 0, true);
+  for (const int moments : {4, 5, 6}) run_case(counts, 40, 768, 2048, kPrecisions[0], false, hopper, moments);
   for (const int tiny : {2, 3}) {
     run_case(counts, 40, 768, 2048, kPrecisions[0], false, hopper, tiny);
     run_case(counts, 40, 768, 2048, kPrecisions[2], false, hopper, tiny);
@@ -169,7 +191,7 @@ TEST(Backend, GroupedMatmulBackwardAdamWSmallShapes) {
     for (const bool prior : {false, true}) {
       run_case({0, 37, 0, 130, 5}, 3, 200, 136, pr, prior, false);
       run_case({64, 0, 0}, 0, 72, 24, pr, prior, false);
-      for (const int moments : {1, 2, 3}) run_case({0, 37, 0, 130, 5}, 3, 200, 136, pr, prior, false, moments);
+      for (const int moments : {1, 2, 3, 4, 5, 6}) run_case({0, 37, 0, 130, 5}, 3, 200, 136, pr, prior, false, moments);
       run_case({0, 37, 0, 130, 5}, 3, 200, 136, pr, prior, false, 0, true);
     }
 }

@@ -69,48 +69,20 @@ __device__ __forceinline__ void store8s(float* p, const float (&x)[8]) {
 __device__ __forceinline__ void store8s(uint16_t* p, const float (&x)[8]) { st16s(p, ad::narrow8_bits(x)); }
 
 // New m, v, w of 8 consecutive elements from flat index i0 (a multiple of 8): the vector body of
-// adamw_kernel, the same operations in the same order. kZeros: am::update8's fast path for exact zeros
+// adamw_kernel, the same operations in the same order. kFast: am::update8's kFastWalk (the launch
+// checked am::fast_walk_ok). kZeros: am::update8's fast path for exact zeros
 // and tiny first moments (the experts without rows, whose moments are often 0 or decayed).
-template <typename W, typename MT, typename VT, bool kZeros = false>
+template <typename W, typename MT, typename VT, bool kZeros = false, bool kFast = false>
 __device__ __forceinline__ void apply8(const AdamWParams& a, int64_t i0, const float (&g)[8], float (&w)[8],
                                        float (&m)[8], float (&v)[8]) {
-  am::update8<kZeros>(a.k, g, m, v, w);
+  am::update8<kZeros, kFast>(a.k, g, m, v, w);
   store8s(static_cast<MT*>(a.m) + i0, m);
   store8s(static_cast<VT*>(a.v) + i0, v);
   if constexpr (std::is_same_v<W, uint16_t>) {
-    // The stored weights, two to a word: bf16_stochastic's or bf16_rne's bits per element. Stochastic
-    // rounding adds each weight's random half-word (element 2i: the low half of Philox word i, 2i + 1:
-    // the high half) and keeps the high halves of the two sums with one byte permute; a NaN weight
-    // (bf16_stochastic: 0x7fff) is tested once per vector instead of selected per element.
-    uint32_t wb[4];
-    if (a.sr) {
-      const Philox4 r = am::sr_bits(a.key, a.counter, static_cast<uint64_t>(i0) >> 3);
-      bool nan = false;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const uint32_t lo = __float_as_uint(w[2 * i]) + (r.v[i] & 0xffffu);
-        const uint32_t hi = __float_as_uint(w[2 * i + 1]) + (r.v[i] >> 16);
-        wb[i] = __byte_perm(lo, hi, 0x7632);
-        nan |= (w[2 * i] != w[2 * i]) | (w[2 * i + 1] != w[2 * i + 1]);
-      }
-      if (nan) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          if (w[2 * i] != w[2 * i]) wb[i] = (wb[i] & 0xffff0000u) | 0x7fffu;
-          if (w[2 * i + 1] != w[2 * i + 1]) wb[i] = (wb[i] & 0xffffu) | 0x7fff0000u;
-        }
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) wb[i] = am::bf16x2_rne(w[2 * i], w[2 * i + 1]);
-    }
-    st16s(static_cast<W*>(a.w) + i0, make_uint4(wb[0], wb[1], wb[2], wb[3]));
+    const uint4 b = ad::round8_bits(w, a.sr != 0, a.key, a.counter, i0);  // two weights a word
+    st16s(static_cast<W*>(a.w) + i0, b);
     if (a.comp) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        w[2 * i] = __uint_as_float(wb[i] << 16);
-        w[2 * i + 1] = __uint_as_float(wb[i] & 0xffff0000u);
-      }
+      ad::widen8_bits(b, w);
       store8s(a.comp + i0, w);
     }
   } else {
@@ -126,7 +98,7 @@ __device__ __forceinline__ void apply8(const AdamWParams& a, int64_t i0, const f
 // rows before has ordinary moments and takes the cheaper path. Both paths give update()'s bits
 // (update8), so this only picks the faster one; an element either misjudges is redone exactly by
 // update8's own range tests.
-template <typename W, typename MT, typename VT>
+template <typename W, typename MT, typename VT, bool kFast = false>
 __device__ __forceinline__ void apply8_idle(const AdamWParams& a, int64_t i0, const float (&g)[8], float (&w)[8],
                                             float (&m)[8], float (&v)[8]) {
   bool quiet = false;
@@ -135,7 +107,7 @@ __device__ __forceinline__ void apply8_idle(const AdamWParams& a, int64_t i0, co
   // One path for the whole warp: lanes that disagree (an expert whose moments are decaying past the
   // bounds) would otherwise run both, slower than the selects alone.
   if (__any_sync(__activemask(), quiet)) apply8<W, MT, VT, true>(a, i0, g, w, m, v);
-  else apply8<W, MT, VT, false>(a, i0, g, w, m, v);
+  else apply8<W, MT, VT, false, kFast>(a, i0, g, w, m, v);
 }
 
 // 8 consecutive stored elements as raw 16-byte words (1 for bf16 bits, 2 for f32): the walk keeps
@@ -221,7 +193,7 @@ __device__ __forceinline__ void fetch_batch(const AdamWParams& a, const WalkGeom
 }
 
 // AdamW of the batch's vectors from their staged g (the tile row-major at kPitch bytes per row).
-template <int BN, typename GT, int kPitch, typename W, typename MT, typename VT, int U>
+template <int BN, typename GT, int kPitch, typename W, typename MT, typename VT, int U, bool kFast = false>
 __device__ __forceinline__ void apply_batch(const AdamWParams& a, const unsigned char* tile, const WalkGeom& g,
                                             int first, const Batch<W, MT, VT, U>& q) {
   constexpr int kVR = BN / 8;
@@ -235,7 +207,7 @@ __device__ __forceinline__ void apply_batch(const AdamWParams& a, const unsigned
     widen8(q.w[u], wf);
     widen8(q.m[u], mf);
     widen8(q.v[u], vf);
-    apply8<W, MT, VT>(a, g.gbase + static_cast<int64_t>(idx / kVR) * g.cj + c * 8, gf, wf, mf, vf);
+    apply8<W, MT, VT, false, kFast>(a, g.gbase + static_cast<int64_t>(idx / kVR) * g.cj + c * 8, gf, wf, mf, vf);
   }
 }
 
@@ -243,7 +215,7 @@ __device__ __forceinline__ void apply_batch(const AdamWParams& a, const unsigned
 // nothing is stored; experts without rows get the update from g = prior (or 0). Each consumer
 // thread keeps U vectors' w, m, v loads in flight ahead of the ones it updates: the first batch is
 // fetched around the mainloop (before it when kEarly), each next one before the current is applied.
-template <typename W, typename MT, typename VT, int U, bool Early = false>
+template <typename W, typename MT, typename VT, int U, bool Early = false, bool Fast = false>
 struct AdamWEpilogue {
   // kWalkEmpty with bf16 state only: with f32 state the extra per-tile path made the whole kernel
   // 1.85x slower on the H100 (gate_up 4.15 -> 7.71 ms, not understood yet), so f32 keeps the tail.
@@ -261,7 +233,7 @@ struct AdamWEpilogue {
     for (int b = ctid; b < g.nvec; b += 256 * U) {
       Pending next;
       if (b + 256 * U < g.nvec) fetch_batch<BN, W, MT, VT, U>(a, g, b + 256 * U, next);
-      apply_batch<BN, GT, kPitch, W, MT, VT, U>(a, tile, g, b, q);
+      apply_batch<BN, GT, kPitch, W, MT, VT, U, Fast>(a, tile, g, b, q);
       q = next;
     }
   }
@@ -315,7 +287,7 @@ struct AdamWEpilogue {
         widen8(q.w[u], wf);
         widen8(q.m[u], mf);
         widen8(q.v[u], vf);
-        apply8_idle<W, MT, VT>(a, at(idx), gf, wf, mf, vf);
+        apply8_idle<W, MT, VT, Fast>(a, at(idx), gf, wf, mf, vf);
       }
       q = next;
 #pragma unroll
@@ -379,11 +351,12 @@ struct AdamWEpilogue {
   }
 };
 
-template <int BN, typename GT, int BK, typename W, typename MT, typename VT, int U, bool Early = false>
+template <int BN, typename GT, int BK, typename W, typename MT, typename VT, int U, bool Early = false,
+          bool Fast = false>
 void launch(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, int E, int64_t N, int64_t K, int64_t M,
             const DwAdamWArgs& args, double* partial) {
   const Params p = dw_params<BN>(off, E, K, M, const_cast<void*>(args.prior), args.prior != nullptr, partial);
-  AdamWEpilogue<W, MT, VT, U, Early> epi{};
+  AdamWEpilogue<W, MT, VT, U, Early, Fast> epi{};
   epi.a.w = args.master;
   epi.a.m = args.m;
   epi.a.v = args.v;
@@ -421,15 +394,20 @@ inline bool dw_adamw_supported(const Context& ctx, int E, int64_t N, int64_t K, 
 // Returns false (launching nothing) when dw_adamw_supported is false. variant (benchmark knob): bit 2
 // (4) = the other walk depth (default: 2 vectors per thread in flight, measured fastest on H100;
 // other: 4 for all-bf16, 1 for f32); bit 3 (8) = fetch a tile's first w, m, v after its mainloop
-// instead of before it (measured 2-4% slower). Bits 0-1 (removed L2 prefetch modes) are ignored.
+// instead of before it (measured 2-4% slower); bit 4 (16) = the full range tests of the divide even
+// where adamw_math::fast_walk_ok allows the shorter ones and g unscaled (kFastWalk, the default walk
+// of all-bf16 state; with f32 state it spilled 60 bytes). Bits 0-1 (removed L2 prefetch modes) are ignored.
 inline bool dispatch_dw_adamw(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, int E, int64_t N,
                               int64_t K, int64_t M, const DwAdamWArgs& a, double* partial, int variant = 0) {
   if (!dw_adamw_supported(ctx, E, N, K, M, a)) return false;
   const int alt = (variant >> 2) & 1, early = !((variant >> 3) & 1);
+  const bool fast = !((variant >> 4) & 1) && adamw_math::fast_walk_ok(a.k);
   using u16 = uint16_t;
   if (a.grad_bf16 && a.master_bf16) {
     if (alt && early) dwa::launch<256, bf16, 64, u16, u16, u16, 4, true>(ctx, x, dy, off, E, N, K, M, a, partial);
     else if (alt) dwa::launch<256, bf16, 64, u16, u16, u16, 4>(ctx, x, dy, off, E, N, K, M, a, partial);
+    else if (early && fast)
+      dwa::launch<256, bf16, 64, u16, u16, u16, 2, true, true>(ctx, x, dy, off, E, N, K, M, a, partial);
     else if (early) dwa::launch<256, bf16, 64, u16, u16, u16, 2, true>(ctx, x, dy, off, E, N, K, M, a, partial);
     else dwa::launch<256, bf16, 64, u16, u16, u16, 2>(ctx, x, dy, off, E, N, K, M, a, partial);
   } else if (a.grad_bf16) {
