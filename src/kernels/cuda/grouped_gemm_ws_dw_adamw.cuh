@@ -396,7 +396,8 @@ inline bool dw_adamw_supported(const Context& ctx, int E, int64_t N, int64_t K, 
 // other: 4 for all-bf16, 1 for f32); bit 3 (8) = fetch a tile's first w, m, v after its mainloop
 // instead of before it (measured 2-4% slower); bit 4 (16) = the full range tests of the divide even
 // where adamw_math::fast_walk_ok allows the shorter ones and g unscaled (kFastWalk, the default walk
-// of all-bf16 state; with f32 state it spilled 60 bytes). Bits 0-1 (removed L2 prefetch modes) are ignored.
+// of all-bf16 state; with f32 state it spilled 60 bytes; bits 2 and 3 run the full tests too, having no
+// fast instantiation). Bits 0-1 (removed L2 prefetch modes) are ignored.
 inline bool dispatch_dw_adamw(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, int E, int64_t N,
                               int64_t K, int64_t M, const DwAdamWArgs& a, double* partial, int variant = 0) {
   if (!dw_adamw_supported(ctx, E, N, K, M, a)) return false;
