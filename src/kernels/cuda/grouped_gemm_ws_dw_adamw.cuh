@@ -270,8 +270,12 @@ struct AdamWEpilogue {
     constexpr int kVR = BN / 8;
     const WalkGeom g = walk_geom<BN>(p, x);
     const GS* prior = p.accumulate ? static_cast<const GS*>(p.c) : nullptr;
-    auto in = [&](int idx) { return idx < g.nvec && idx % kVR < g.nvr; };
-    auto at = [&](int idx) { return g.gbase + static_cast<int64_t>(idx / kVR) * g.cj + (idx % kVR) * 8; };
+    // (idx >= 0: unsigned divisions are shifts)
+    auto in = [&](int idx) { return idx < g.nvec && static_cast<int>(static_cast<unsigned>(idx) % kVR) < g.nvr; };
+    auto at = [&](int idx) {
+      const unsigned u = static_cast<unsigned>(idx);
+      return g.gbase + static_cast<int64_t>(u / kVR) * g.cj + static_cast<int64_t>(u % kVR) * 8;
+    };
     auto fetch_prior = [&](int first, Raw8<GS> (&r)[U]) {
 #pragma unroll
       for (int u = 0; u < U; ++u)
