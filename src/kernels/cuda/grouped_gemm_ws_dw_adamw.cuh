@@ -177,14 +177,29 @@ struct Batch {
   Raw8<VT> v[U];
 };
 
+// Vector first + 256 u sits 256 / (BN / 8) staged rows below vector first, in the same column: one
+// column test and one base offset serve a batch (first >= 0, so the divisions are unsigned shifts).
+template <int BN>
+struct BatchAt {
+  static constexpr int kVR = BN / 8, kRowStep = 256 / kVR;
+  static_assert(256 % kVR == 0, "a batch's vectors share a column");
+  int row, col;  // of vector first
+  __device__ __forceinline__ explicit BatchAt(int first)
+      : row(static_cast<int>(static_cast<unsigned>(first) / kVR)), col(static_cast<int>(static_cast<unsigned>(first) % kVR)) {}
+  __device__ __forceinline__ int64_t elem(const WalkGeom& g) const {
+    return g.gbase + static_cast<int64_t>(row) * g.cj + col * 8;
+  }
+};
+
 template <int BN, typename W, typename MT, typename VT, int U>
 __device__ __forceinline__ void fetch_batch(const AdamWParams& a, const WalkGeom& g, int first, Batch<W, MT, VT, U>& q) {
-  constexpr int kVR = BN / 8;
+  const BatchAt<BN> at(first);
+  if (at.col >= g.nvr) return;
+  const int64_t base = at.elem(g), step = static_cast<int64_t>(BatchAt<BN>::kRowStep) * g.cj;
 #pragma unroll
   for (int u = 0; u < U; ++u) {
-    const int idx = first + 256 * u, c = idx % kVR;
-    if (idx < g.nvec && c < g.nvr) {
-      const int64_t gi = g.gbase + static_cast<int64_t>(idx / kVR) * g.cj + c * 8;
+    if (first + 256 * u < g.nvec) {
+      const int64_t gi = base + u * step;
       q.w[u] = ld8g(static_cast<const W*>(a.w) + gi);
       q.m[u] = ld8g(static_cast<const MT*>(a.m) + gi);
       q.v[u] = ld8g(static_cast<const VT*>(a.v) + gi);
@@ -196,18 +211,22 @@ __device__ __forceinline__ void fetch_batch(const AdamWParams& a, const WalkGeom
 template <int BN, typename GT, int kPitch, typename W, typename MT, typename VT, int U, bool kFast = false>
 __device__ __forceinline__ void apply_batch(const AdamWParams& a, const unsigned char* tile, const WalkGeom& g,
                                             int first, const Batch<W, MT, VT, U>& q) {
-  constexpr int kVR = BN / 8;
   using GS = GStore<GT>;
+  const BatchAt<BN> at(first);
+  if (at.col >= g.nvr) return;
+  const int64_t base = at.elem(g), step = static_cast<int64_t>(BatchAt<BN>::kRowStep) * g.cj;
+  const GS* gs = reinterpret_cast<const GS*>(tile + at.row * kPitch) + at.col * 8;
+  static_assert(kPitch % sizeof(GS) == 0, "staged rows hold whole elements");
+  constexpr int kGStep = BatchAt<BN>::kRowStep * kPitch / static_cast<int>(sizeof(GS));
 #pragma unroll
   for (int u = 0; u < U; ++u) {
-    const int idx = first + 256 * u, c = idx % kVR;
-    if (idx >= g.nvec || c >= g.nvr) continue;
+    if (first + 256 * u >= g.nvec) continue;
     float gf[8], wf[8], mf[8], vf[8];
-    widen8(ld8(reinterpret_cast<const GS*>(tile + (idx / kVR) * kPitch) + c * 8), gf);
+    widen8(ld8(gs + u * kGStep), gf);
     widen8(q.w[u], wf);
     widen8(q.m[u], mf);
     widen8(q.v[u], vf);
-    apply8<W, MT, VT, false, kFast>(a, g.gbase + static_cast<int64_t>(idx / kVR) * g.cj + c * 8, gf, wf, mf, vf);
+    apply8<W, MT, VT, false, kFast>(a, base + u * step, gf, wf, mf, vf);
   }
 }
 
@@ -251,8 +270,12 @@ struct AdamWEpilogue {
     constexpr int kVR = BN / 8;
     const WalkGeom g = walk_geom<BN>(p, x);
     const GS* prior = p.accumulate ? static_cast<const GS*>(p.c) : nullptr;
-    auto in = [&](int idx) { return idx < g.nvec && idx % kVR < g.nvr; };
-    auto at = [&](int idx) { return g.gbase + static_cast<int64_t>(idx / kVR) * g.cj + (idx % kVR) * 8; };
+    // (idx >= 0: unsigned divisions are shifts)
+    auto in = [&](int idx) { return idx < g.nvec && static_cast<int>(static_cast<unsigned>(idx) % kVR) < g.nvr; };
+    auto at = [&](int idx) {
+      const unsigned u = static_cast<unsigned>(idx);
+      return g.gbase + static_cast<int64_t>(u / kVR) * g.cj + static_cast<int64_t>(u % kVR) * 8;
+    };
     auto fetch_prior = [&](int first, Raw8<GS> (&r)[U]) {
 #pragma unroll
       for (int u = 0; u < U; ++u)
