@@ -91,23 +91,17 @@ __device__ __forceinline__ void apply8(const AdamWParams& a, int64_t i0, const f
   }
 }
 
-// apply8 for the experts without rows: kZeros' selects (about 12 instructions an element) only for a
-// vector whose moments need them, an exact 0 or a first moment so small that m / bc1 could leave
-// div_fast's range (|m| < 2^-61; with g = 0 the new |m / bc1| is at least 0.9 |m|), or a second
-// moment near sqrt_fast's lower end (v < 2^-98), in any lane of the warp. An idle expert that has had
-// rows before has ordinary moments and takes the cheaper path. Both paths give update()'s bits
-// (update8), so this only picks the faster one; an element either misjudges is redone exactly by
-// update8's own range tests.
-template <typename W, typename MT, typename VT, bool kFast = false>
-__device__ __forceinline__ void apply8_idle(const AdamWParams& a, int64_t i0, const float (&g)[8], float (&w)[8],
-                                            float (&m)[8], float (&v)[8]) {
+// Whether a vector of an expert without rows wants apply8's kZeros path: an exact 0 or a first moment
+// so small that m / bc1 could leave div_fast's range (|m| < 2^-61; with g = 0 the new |m / bc1| is at
+// least 0.9 |m|), or a second moment near sqrt_fast's lower end (v < 2^-98). kZeros' selects cost
+// about 12 instructions an element, so an idle expert that has had rows before (ordinary moments)
+// takes the cheaper path. Both paths give update()'s bits (update8), so this only picks the faster
+// one; an element either misjudges is redone exactly by update8's own range tests.
+__device__ __forceinline__ bool wants_zeros(const float (&m)[8], const float (&v)[8]) {
   bool quiet = false;
 #pragma unroll
   for (int j = 0; j < 8; ++j) quiet |= !(v[j] >= 0x1p-98f) | (fabsf(m[j]) < 0x1p-61f);
-  // One path for the whole warp: lanes that disagree (an expert whose moments are decaying past the
-  // bounds) would otherwise run both, slower than the selects alone.
-  if (__any_sync(__activemask(), quiet)) apply8<W, MT, VT, true>(a, i0, g, w, m, v);
-  else apply8<W, MT, VT, false, kFast>(a, i0, g, w, m, v);
+  return quiet;
 }
 
 // 8 consecutive stored elements as raw 16-byte words (1 for bf16 bits, 2 for f32): the walk keeps
@@ -284,6 +278,18 @@ struct AdamWEpilogue {
     Raw8<GS> pc[U];
     if (!ahead) fetch_batch<BN, W, MT, VT, U>(a, g, ctid, q);
     fetch_prior(ctid, pc);
+    // One path for the whole tile, chosen by a warp vote on each thread's first vector: an expert's
+    // moments are alike across its tile (all zero before its first row, then ordinary, decaying
+    // together while it stays idle), and a vote per vector cost about 2 instructions an element.
+    // Lanes that disagree would otherwise run both paths, slower than the selects alone.
+    bool zeros = false;
+    if (in(ctid)) {
+      float mf[8], vf[8];
+      widen8(q.m[0], mf);
+      widen8(q.v[0], vf);
+      zeros = wants_zeros(mf, vf);
+    }
+    zeros = __any_sync(__activemask(), zeros);
     bool next_ahead = false;
 #pragma unroll 1
     for (int b = ctid; b < g.nvec; b += 256 * U) {
@@ -310,7 +316,8 @@ struct AdamWEpilogue {
         widen8(q.w[u], wf);
         widen8(q.m[u], mf);
         widen8(q.v[u], vf);
-        apply8_idle<W, MT, VT, Fast>(a, at(idx), gf, wf, mf, vf);
+        if (zeros) apply8<W, MT, VT, true>(a, at(idx), gf, wf, mf, vf);
+        else apply8<W, MT, VT, false, Fast>(a, at(idx), gf, wf, mf, vf);
       }
       q = next;
 #pragma unroll
