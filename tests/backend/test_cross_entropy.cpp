@@ -1,9 +1,10 @@
 // CUDA vs CPU: cross-entropy forward/backward over the Qwen3 vocabulary (V = 151936) on a few
 // rows and over small odd vocabularies, with ignored labels (-100), weights, and the convenience
-// reduction (mean/sum with a mask).
+// reduction (mean/sum with a mask); the chunked loss head (model/loss_head.h) against its CPU run.
 #include "backend_util.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/ops.h"
+#include "model/loss_head.h"
 
 namespace moetrain::test {
 namespace {
@@ -69,6 +70,48 @@ TEST(Backend, CrossEntropyBackwardInPlace) {
   device_sync();
   in_place.cpu = dl.gpu.to(Device::cpu());
   check_exact("cross_entropy_backward", "in place, T6 V151936", in_place);
+}
+
+// The chunked loss head on the GPU against the same head on the CPU: several chunks and one, the
+// lm_head gradient added to a prior value and written over NaNs (the first chunk's beta 0), f32 and
+// bf16; two GPU runs must give the same bits.
+TEST(Backend, LossHeadChunked) {
+  MT_REQUIRE_GPU();
+  const int64_t T = 300, H = 256, V = 4099;
+  std::vector<int32_t> labels(static_cast<size_t>(T));
+  std::mt19937 g(7);
+  for (int64_t t = 0; t < T; ++t) labels[t] = t % 7 == 3 ? -100 : static_cast<int32_t>(g() % V);
+  const std::vector<float> prior = randn(V * H, 143, 0.1f);
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    Pair x = input(randn(T * H, 141, 1.0f), {T, H}, dt), w = input(randn(V * H, 142, 0.05f), {V, H}, dt);
+    Pair lab = input_ints(labels, {T}), wts = input(randu(T, 144, 0.1f, 1.0f), {T}, DType::kF32);
+    const double tol = dt == DType::kBF16 ? kTolBf16 : 1e-4;
+    for (const int64_t rows : {int64_t{64}, T}) {
+      for (const bool overwrite : {false, true}) {
+        const std::string tag =
+            std::string(dt_name(dt)) + " rows " + std::to_string(rows) + (overwrite ? " dw=" : " dw+=");
+        Pair nll = output({T}, DType::kF32), lse = output({T}, DType::kF32), dx = output({T, H}, dt);
+        Pair dw = overwrite ? output({V, H}, DType::kF32) : output({V, H}, DType::kF32, &prior);
+        std::vector<float> first_dw;
+        for (int run = 0; run < 2; ++run) {
+          LossHeadIO io;
+          io.nll = nll.gpu, io.lse = lse.gpu, io.dx = dx.gpu, io.dw = dw.gpu, io.dw_overwrite = overwrite;
+          if (run == 1 && !overwrite) dw.gpu.copy_from(Tensor::from_floats(prior, {V, H}, DType::kF32));
+          loss_head(gpu_ctx(), x.gpu, w.gpu, lab.gpu, wts.gpu, rows, io);
+          device_sync();
+          if (run == 0) first_dw = dw.gpu.to_floats();
+        }
+        EXPECT_TRUE(first_dw == dw.gpu.to_floats()) << "loss_head " << tag << ": two runs differ";
+        LossHeadIO ic;
+        ic.nll = nll.cpu, ic.lse = lse.cpu, ic.dx = dx.cpu, ic.dw = dw.cpu, ic.dw_overwrite = overwrite;
+        loss_head(cpu_ctx(), x.cpu, w.cpu, lab.cpu, wts.cpu, rows, ic);
+        check("loss_head", "nll " + tag, nll, tol);
+        check("loss_head", "lse " + tag, lse, tol);
+        check("loss_head", "dx " + tag, dx, tol);
+        check("loss_head", "dw " + tag, dw, tol);
+      }
+    }
+  }
 }
 
 }  // namespace
