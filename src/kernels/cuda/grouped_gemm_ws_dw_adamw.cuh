@@ -179,7 +179,8 @@ struct BatchAt {
   static_assert(256 % kVR == 0, "a batch's vectors share a column");
   int row, col;  // of vector first
   __device__ __forceinline__ explicit BatchAt(int first)
-      : row(static_cast<int>(static_cast<unsigned>(first) / kVR)), col(static_cast<int>(static_cast<unsigned>(first) % kVR)) {}
+      : row(static_cast<int>(static_cast<unsigned>(first) / kVR)),
+        col(static_cast<int>(static_cast<unsigned>(first) % kVR)) {}
   __device__ __forceinline__ int64_t elem(const WalkGeom& g) const {
     return g.gbase + static_cast<int64_t>(row) * g.cj + col * 8;
   }
