@@ -140,6 +140,32 @@ __device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
 
+// A descriptor whose start address is `bytes` further on: one add to the 14-bit address field, which
+// cannot carry into the fields above it (shared memory addresses stay below 256 KB).
+__device__ __forceinline__ uint64_t desc_plus(uint64_t d, uint32_t bytes) {
+  return (d & 0xFFFFFFFF00000000ull) | (static_cast<uint32_t>(d) + (bytes >> 4));
+}
+// gemm_kmaj / gemm_regs_mn from descriptors of the tiles' first k step (desc_kmaj(tile, row0, 0),
+// desc_mn(tile, 0)): each k step adds a constant instead of rebuilding both descriptors.
+template <int kD, int kRowsA, int kRowsB, int N>
+__device__ __forceinline__ void gemm_kmaj_d(float (&d)[N][4], uint64_t da, uint64_t db) {
+#pragma unroll
+  for (int kq = 0; kq < kD / 16; ++kq)
+    wgmma_ss(d, desc_plus(da, (kq >> 2) * (kRowsA * 128) + (kq & 3) * 32),
+             desc_plus(db, (kq >> 2) * (kRowsB * 128) + (kq & 3) * 32), kq);
+}
+template <int kRows, int N>
+__device__ __forceinline__ void gemm_regs_mn_d(float (&d)[N][4], const uint32_t (&pa)[kRows / 16][4], uint64_t db) {
+#pragma unroll
+  for (int kk = 0; kk < kRows / 16; ++kk) wgmma_rs(d, pa[kk], desc_plus(db, 16 * kk * 128));
+}
+// 2^x without the denormal-result path of exp2f (results below 2^-126 are 0).
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // d = A (64 rows from row0 of a kRowsA-row tile) * B^T (a kRowsB-row tile), reduced over kD columns:
 // both K-major, issued as kD / 16 wgmma (the first one overwrites d).
 template <int kD, int kRowsA, int kRowsB, int N>

@@ -414,28 +414,40 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       const float* Dv = sD + b * kM;
       float s[kM / 8][4], dp[kM / 8][4];
       wg::wgmma_fence();
-      gemm_kmaj<kD, kWgBM, kM>(s, sK, 64 * cw, bQ);
+      // Descriptors built once a step and moved by a constant a k step (round 37: the rebuilt ones were
+      // about 8 uniform instructions a wgmma on the warps' issue path).
+      gemm_kmaj_d<kD, kWgBM, kM>(s, desc_kmaj<kWgBM>(sK, 64 * cw, 0), desc_kmaj<kM>(bQ, 0, 0));
       wg::wgmma_commit();
-      gemm_kmaj<kD, kWgBM, kM>(dp, sV, 64 * cw, bG);
+      gemm_kmaj_d<kD, kWgBM, kM>(dp, desc_kmaj<kWgBM>(sV, 64 * cw, 0), desc_kmaj<kM>(bG, 0, 0));
       wg::wgmma_commit();
       wg::wgmma_wait<1>();  // S^T is ready: P^T and dV += P^T dO overlap the dP^T GEMM
       fence_acc(s);
+      // Steps whose 64 queries are all visible to all of this warpgroup's keys (every one but the diagonal
+      // and document-boundary steps) take the branch without the mask: with the mask inline, the compiler
+      // packed 32 mask bits a step into a register ahead of the S^T wait, about 7 instructions an element.
+      // exp2 without the denormal-result path: a result below 2^-126 is 0.
       const bool full = q0 >= wr_hi && q0 + kM <= wr_end_lo;
+      if (full) {
 #pragma unroll
-      for (int n = 0; n < kM / 8; ++n)
+        for (int n = 0; n < kM / 8; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int c = n * 8 + 2 * (lane & 3) + (e & 1);
-          const int qi = q0 + c;
-          const int hh = e >> 1;
-          float p = exp2f(fmaf(s[n][e], sl2, -L[c]));
-          if (!full && (qi < key[hh] || qi >= kend[hh])) p = 0.0f;
-          s[n][e] = p;
-        }
+          for (int e = 0; e < 4; ++e) s[n][e] = exp2_ftz(fmaf(s[n][e], sl2, -L[n * 8 + 2 * (lane & 3) + (e & 1)]));
+      } else {
+#pragma unroll
+        for (int n = 0; n < kM / 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int c = n * 8 + 2 * (lane & 3) + (e & 1);
+            const int qi = q0 + c;
+            const int hh = e >> 1;
+            const float p = exp2_ftz(fmaf(s[n][e], sl2, -L[c]));
+            s[n][e] = qi < key[hh] || qi >= kend[hh] ? 0.0f : p;
+          }
+      }
       uint32_t pa[kM / 16][4];
       pack_a(pa, s);
       wg::wgmma_fence();
-      gemm_regs_mn<kM>(dv, pa, bG);
+      gemm_regs_mn_d<kM>(dv, pa, desc_mn<kM>(bG, 0));
       wg::wgmma_commit();
       wg::wgmma_wait<1>();  // dP^T is ready (groups retire in order); dV may still run
       fence_acc(dp);
@@ -448,7 +460,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         }
       pack_a(pa, dp);
       wg::wgmma_fence();
-      gemm_regs_mn<kM>(dk, pa, bQ);
+      gemm_regs_mn_d<kM>(dk, pa, desc_mn<kM>(bQ, 0));
       wg::wgmma_commit();
       // dS^T into shared memory for the dQ GEMM: pa[kk][x] holds row srow + 8 (x & 1), query chunk 2 kk + (x >> 1).
 #pragma unroll
@@ -463,7 +475,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       wg::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kWgBM / 16; ++kk)
-        wgmma_ss_tt(dq, desc_mn<kWgBM>(bS, 16 * kk), desc_mn<kWgBM>(bK, 16 * kk), kk);
+        wgmma_ss_tt(dq, desc_plus(desc_mn<kWgBM>(bS, 0), 16 * kk * 128), desc_plus(desc_mn<kWgBM>(bK, 0), 16 * kk * 128), kk);
       wg::wgmma_commit();
       wg::wgmma_wait<0>();
       fence_acc(dk);
