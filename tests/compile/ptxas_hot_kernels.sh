@@ -27,7 +27,7 @@ for i in "${!tus[@]}"; do
   fi
 done
 # Spills are allowed only in these entries (mangled-name patterns): kernels off the Hopper step's
-# default path (the sm80 attention backward, the 4-deep walk, a benchmark variant), the 2-stage attention
+# default path (the sm80 attention backward, the 4-deep walk of a benchmark variant), the 2-stage attention
 # forward (12 bytes; the default ring depth since round 29, measured faster than the 3-stage one without
 # spills), the bf16 dW kernel without the fused update (16 bytes, known since round 18) and the
 # RMSNorm forward at D 512 and 1024 (8-12 bytes; D 2048, the MoE models' width, has none).
