@@ -145,17 +145,21 @@ __device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
 __device__ __forceinline__ uint64_t desc_plus(uint64_t d, uint32_t bytes) {
   return (d & 0xFFFFFFFF00000000ull) | (static_cast<uint32_t>(d) + (bytes >> 4));
 }
-// gemm_kmaj / gemm_regs_mn from descriptors of the tiles' first k step (desc_kmaj(tile, row0, 0),
-// desc_mn(tile, 0)): each k step adds a constant instead of rebuilding both descriptors.
+// d = A (64 rows of a kRowsA-row tile) * B^T (a kRowsB-row tile), reduced over kD columns: both
+// K-major, issued as kD / 16 wgmma (the first one overwrites d). da and db are the descriptors of the
+// first k step (desc_kmaj(tile, row0, 0)); each k step adds a constant instead of rebuilding them (a
+// rebuild was about 8 uniform instructions a wgmma, round 37).
 template <int kD, int kRowsA, int kRowsB, int N>
-__device__ __forceinline__ void gemm_kmaj_d(float (&d)[N][4], uint64_t da, uint64_t db) {
+__device__ __forceinline__ void gemm_kmaj(float (&d)[N][4], uint64_t da, uint64_t db) {
 #pragma unroll
   for (int kq = 0; kq < kD / 16; ++kq)
     wgmma_ss(d, desc_plus(da, (kq >> 2) * (kRowsA * 128) + (kq & 3) * 32),
              desc_plus(db, (kq >> 2) * (kRowsB * 128) + (kq & 3) * 32), kq);
 }
+// d += P (registers: the A fragments of a 64 x kRows block) * a kRows-row MN-major tile whose first
+// k step's descriptor is db (desc_mn(tile, 0)).
 template <int kRows, int N>
-__device__ __forceinline__ void gemm_regs_mn_d(float (&d)[N][4], const uint32_t (&pa)[kRows / 16][4], uint64_t db) {
+__device__ __forceinline__ void gemm_regs_mn(float (&d)[N][4], const uint32_t (&pa)[kRows / 16][4], uint64_t db) {
 #pragma unroll
   for (int kk = 0; kk < kRows / 16; ++kk) wgmma_rs(d, pa[kk], desc_plus(db, 16 * kk * 128));
 }
@@ -166,19 +170,6 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   return y;
 }
 
-// d = A (64 rows from row0 of a kRowsA-row tile) * B^T (a kRowsB-row tile), reduced over kD columns:
-// both K-major, issued as kD / 16 wgmma (the first one overwrites d).
-template <int kD, int kRowsA, int kRowsB, int N>
-__device__ __forceinline__ void gemm_kmaj(float (&d)[N][4], uint32_t a, int row0, uint32_t b) {
-#pragma unroll
-  for (int kq = 0; kq < kD / 16; ++kq) wgmma_ss(d, desc_kmaj<kRowsA>(a, row0, kq), desc_kmaj<kRowsB>(b, 0, kq), kq);
-}
-// d += P (registers: the A fragments of a 64 x kRows block) * tile b (kRows rows, MN-major).
-template <int kRows, int N>
-__device__ __forceinline__ void gemm_regs_mn(float (&d)[N][4], const uint32_t (&pa)[kRows / 16][4], uint32_t b) {
-#pragma unroll
-  for (int kk = 0; kk < kRows / 16; ++kk) wgmma_rs(d, pa[kk], desc_mn<kRows>(b, 16 * kk));
-}
 // All A fragments of a 64 x 8N accumulator block (packed before wgmma.fence: see kernels.md).
 template <int N>
 __device__ __forceinline__ void pack_a(uint32_t (&pa)[N / 2][4], const float (&p)[N][4]) {

@@ -198,7 +198,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         wg::mbar_wait(k_full + 8 * stage(ja), parity(ja));
         turn_wait(0);
         wg::wgmma_fence();
-        gemm_kmaj<kD, kWgBM, kN>(s, sQ, 64 * cw, sK + stage(ja) * kTile);
+        gemm_kmaj<kD, kWgBM, kN>(s, desc_kmaj<kWgBM>(sQ, 64 * cw, 0), desc_kmaj<kN>(sK + stage(ja) * kTile, 0, 0));
         wg::wgmma_commit();
         turn_give(0);
         wg::wgmma_wait<0>();
@@ -215,9 +215,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         const bool masked = need_mask(jt);
         turn_wait(jt - ja);
         wg::wgmma_fence();
-        gemm_kmaj<kD, kWgBM, kN>(s, sQ, 64 * cw, sK + sk * kTile);
+        gemm_kmaj<kD, kWgBM, kN>(s, desc_kmaj<kWgBM>(sQ, 64 * cw, 0), desc_kmaj<kN>(sK + sk * kTile, 0, 0));
         wg::wgmma_commit();
-        gemm_regs_mn<kN>(o, pa, sV + sv * kTile);
+        gemm_regs_mn<kN>(o, pa, desc_mn<kN>(sV + sv * kTile, 0));
         wg::wgmma_commit();
         turn_give(jt - ja);
         wg::wgmma_wait<1>();  // S_j is ready; O += P_{j-1} V_{j-1} still runs
@@ -236,7 +236,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         wg::mbar_wait(v_full + 8 * sv, parity(jb));
         turn_wait(jb - ja + 1);
         wg::wgmma_fence();
-        gemm_regs_mn<kN>(o, pa, sV + sv * kTile);
+        gemm_regs_mn<kN>(o, pa, desc_mn<kN>(sV + sv * kTile, 0));
         wg::wgmma_commit();
         turn_give(jb - ja + 1);
         wg::wgmma_wait<0>();
@@ -251,14 +251,14 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 }
 
 // ---- fused backward ------------------------------------------------------------------------------
-// Shared memory: K, V [128][kD]; 2 stages of Q, dO [64][kD]; 2 dS^T tiles [128 keys][64 queries]
-// bf16; the dQ staging tile [64][kD] f32 with kDqPitch-byte rows (conflict-free float2 stores);
-// lse * log2e and D [2][64] f32; barriers kv_full, q_full[2], q_empty[2], dq_full[2], dq_empty[2].
+// Shared memory: K, V [128][kD]; 2 stages of Q, dO [64][kD]; one dS^T tile [128 keys][64 queries]
+// bf16; two dQ staging tiles [64][kD] f32 (even and odd steps) with kDqPitch-byte rows (conflict-free
+// float2 stores); lse * log2e and D [2][64] f32; barriers kv_full, q_full[2], q_empty[2], dq_full[2], dq_empty[2].
 template <int kD>
 __host__ __device__ constexpr int ws_dq_pitch() { return kD * 4 + 32; }
 template <int kD>
 constexpr size_t bwd_ws_smem() {
-  return 1024 + (2 * kWgBM + 4 * kWgBN) * kD * 2 + 2 * kWgBM * kWgBN * 2 + kWgBN * ws_dq_pitch<kD>() +
+  return 1024 + (2 * kWgBM + 4 * kWgBN) * kD * 2 + kWgBM * kWgBN * 2 + 2 * kWgBN * ws_dq_pitch<kD>() +
          4 * kWgBN * 4 + 10 * 8;
 }
 
@@ -280,8 +280,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   __shared__ int s_ticket;
   constexpr int kM = kWgBN, kTile = kM * kD * 2, kPitch = ws_dq_pitch<kD>();
   const uint32_t sK = smem_base1024(smem_wg), sV = sK + kWgBM * kD * 2, sQ = sV + kWgBM * kD * 2,
-                 sG = sQ + 2 * kTile, sS = sG + 2 * kTile, sDQ = sS + 2 * kWgBM * kM * 2,
-                 sLa = sDQ + kM * kPitch, sDa = sLa + 2 * kM * 4, bars = sDa + 2 * kM * 4;
+                 sG = sQ + 2 * kTile, sS = sG + 2 * kTile, sDQ = sS + kWgBM * kM * 2,
+                 sLa = sDQ + 2 * kM * kPitch, sDa = sLa + 2 * kM * 4, bars = sDa + 2 * kM * 4;
   const uint32_t kv_full = bars, q_full = bars + 8, q_empty = bars + 24, dq_full = bars + 40, dq_empty = bars + 56;
   float* sL = reinterpret_cast<float*>(smem_wg + (sLa - mma::smem_addr(smem_wg)));
   float* sD = sL + 2 * kM;
@@ -368,12 +368,13 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         first = __shfl_sync(0xffffffffu, first, 0);
         wg::mbar_wait(dq_full + 8 * (it & 1), (static_cast<uint32_t>(it) >> 1) & 1u);
         const int rows = min(kM, static_cast<int>(a.T) - q0);
+        const uint32_t tile = sDQ + (warp - 1) * kM * kPitch;  // this writer's steps' staging tile
         float* dst = a.dq_acc + (static_cast<int64_t>(hd) * a.T + q0) * kD;
         for (int r = lane; r < rows; r += 32) {
           if (first)
-            wg::bulk_store(dst + r * kD, sDQ + r * kPitch, kD * 4);
+            wg::bulk_store(dst + r * kD, tile + r * kPitch, kD * 4);
           else
-            ws_bulk_reduce_add(dst + r * kD, sDQ + r * kPitch, kD * 4);
+            ws_bulk_reduce_add(dst + r * kD, tile + r * kPitch, kD * 4);
         }
         wg::bulk_commit();
         wg::bulk_wait_read();
@@ -409,16 +410,20 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       const int q0 = step_q0(it);
       const int b = it & 1;
       wg::mbar_wait(q_full + 8 * b, (static_cast<uint32_t>(it) >> 1) & 1u);
-      const uint32_t bQ = sQ + b * kTile, bG = sG + b * kTile, bS = sS + b * kWgBM * kM * 2;
+      // One dS^T tile: the other warpgroup's dQ GEMM of the step before has read it once both are here
+      // (round 38: with two dS^T tiles and one dQ staging tile, the consumers waited for the dQ writer
+      // before each staging store; two staging tiles took 162 us off a layer's attention backward).
+      ws_consumer_sync();
+      const uint32_t bQ = sQ + b * kTile, bG = sG + b * kTile, bS = sS;
       const float* L = sL + b * kM;
       const float* Dv = sD + b * kM;
       float s[kM / 8][4], dp[kM / 8][4];
       wg::wgmma_fence();
       // Descriptors built once a step and moved by a constant a k step (round 37: the rebuilt ones were
       // about 8 uniform instructions a wgmma on the warps' issue path).
-      gemm_kmaj_d<kD, kWgBM, kM>(s, desc_kmaj<kWgBM>(sK, 64 * cw, 0), desc_kmaj<kM>(bQ, 0, 0));
+      gemm_kmaj<kD, kWgBM, kM>(s, desc_kmaj<kWgBM>(sK, 64 * cw, 0), desc_kmaj<kM>(bQ, 0, 0));
       wg::wgmma_commit();
-      gemm_kmaj_d<kD, kWgBM, kM>(dp, desc_kmaj<kWgBM>(sV, 64 * cw, 0), desc_kmaj<kM>(bG, 0, 0));
+      gemm_kmaj<kD, kWgBM, kM>(dp, desc_kmaj<kWgBM>(sV, 64 * cw, 0), desc_kmaj<kM>(bG, 0, 0));
       wg::wgmma_commit();
       wg::wgmma_wait<1>();  // S^T is ready: P^T and dV += P^T dO overlap the dP^T GEMM
       fence_acc(s);
@@ -447,7 +452,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       uint32_t pa[kM / 16][4];
       pack_a(pa, s);
       wg::wgmma_fence();
-      gemm_regs_mn_d<kM>(dv, pa, desc_mn<kM>(bG, 0));
+      gemm_regs_mn<kM>(dv, pa, desc_mn<kM>(bG, 0));
       wg::wgmma_commit();
       wg::wgmma_wait<1>();  // dP^T is ready (groups retire in order); dV may still run
       fence_acc(dp);
@@ -460,7 +465,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         }
       pack_a(pa, dp);
       wg::wgmma_fence();
-      gemm_regs_mn_d<kM>(dk, pa, desc_mn<kM>(bQ, 0));
+      gemm_regs_mn<kM>(dk, pa, desc_mn<kM>(bQ, 0));
       wg::wgmma_commit();
       // dS^T into shared memory for the dQ GEMM: pa[kk][x] holds row srow + 8 (x & 1), query chunk 2 kk + (x >> 1).
 #pragma unroll
@@ -469,7 +474,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         for (int x = 0; x < 4; ++x)
           st_shared_b32(bS + sw_off<kWgBM>(srow + 8 * (x & 1), 2 * kk + (x >> 1)) + 4 * (lane & 3), pa[kk][x]);
       wg::fence_proxy_async();
-      ws_consumer_sync();  // both halves of dS^T are written (and step it-1's dQ GEMMs, on the other tile, done)
+      ws_consumer_sync();  // both halves of dS^T are written
       float dq[8][4];
       const uint32_t bK = sK + (kD == 128 ? cw * kWgBM * 128 : 0);
       wg::wgmma_fence();
@@ -482,12 +487,13 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       fence_acc(dv);
       fence_acc(dq);
       ws_arrive_lane0(q_empty + 8 * b, lane);  // Q, dO, lse, D of this stage are no longer read
-      // The writer of the previous step has read its dQ tile.
-      if (it > 0) wg::mbar_wait(dq_empty + 8 * ((it - 1) & 1), (static_cast<uint32_t>(it - 1) >> 1) & 1u);
+      // The writer of step it - 2 has read this step's staging tile.
+      if (it > 1) wg::mbar_wait(dq_empty + 8 * b, (static_cast<uint32_t>(it - 2) >> 1) & 1u);
+      const uint32_t dq_tile = sDQ + b * kM * kPitch;
       if (kD == 128 || cw == 0) {
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
-          const uint32_t row = sDQ + ((warp & 3) * 16 + (lane >> 2) + 8 * hh) * kPitch + (64 * cw + 2 * (lane & 3)) * 4;
+          const uint32_t row = dq_tile + ((warp & 3) * 16 + (lane >> 2) + 8 * hh) * kPitch + (64 * cw + 2 * (lane & 3)) * 4;
 #pragma unroll
           for (int n = 0; n < 8; ++n) st_shared_v2f(row + n * 32, dq[n][2 * hh], dq[n][2 * hh + 1]);
         }
