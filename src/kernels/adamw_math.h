@@ -45,8 +45,14 @@ inline float bits_float(uint32_t u) {
 // Step constants, computed once on the host: the bias corrections as 1 / (1 - b1^t) and
 // 1 / sqrt(1 - b2^t), in double, then rounded to float (two multiplies per element instead of
 // two divides; the per-element math is bound by instruction issue inside the dW GEMM's epilogue).
+// zero_m, zero_v, zero_q: what update() forms for an element whose gradient, m and v are all +0 (an
+// embedding row that no token has touched yet): its new m and v, and the quotient m' / bc1 / denom.
+// They depend on the constants alone, so the GPU's AdamW kernel gives a vector of such elements
+// w -= lr * (zero_q + wd * w) without the square root and divide (the same operations on the same
+// values, so the same bits).
 struct Consts {
   float lr, b1, b2, one_minus_b1, one_minus_b2, eps, wd, inv_bc1, inv_sqrt_bc2, grad_scale;
+  float zero_m, zero_v, zero_q;
 };
 inline Consts make_consts(float lr, float beta1, float beta2, float eps, float weight_decay, int64_t step,
                           float grad_scale) {
@@ -63,6 +69,12 @@ inline Consts make_consts(float lr, float beta1, float beta2, float eps, float w
   k.inv_bc1 = static_cast<float>(1.0 / bc1);
   k.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
   k.grad_scale = grad_scale;
+  // update()'s first steps for grad = m = v = +0, in its order (host arithmetic: the same IEEE
+  // round-to-nearest operations as the device's __f*_rn and sqrt / divide).
+  const float g0 = mul(0.0f, grad_scale);
+  k.zero_m = add(mul(k.b1, 0.0f), mul(k.one_minus_b1, g0));
+  k.zero_v = add(mul(k.b2, 0.0f), mul(mul(k.one_minus_b2, g0), g0));
+  k.zero_q = div(mul(k.zero_m, k.inv_bc1), add(mul(sqrt_rn(k.zero_v), k.inv_sqrt_bc2), k.eps));
   return k;
 }
 

@@ -73,6 +73,17 @@ AdamW::AdamW(std::vector<OptimParam> params, const AdamWConfig& cfg) : params_(s
 }
 
 double AdamW::grad_norm(Context& ctx, double scale, const Tensor& known_sum, const std::vector<Tensor>& known_grads) const {
+  return norm_of(ctx, grad_sum_squares(ctx, known_sum, known_grads), scale);
+}
+
+double AdamW::norm_of(Context& ctx, const Tensor& acc, double scale) {
+  if (!acc.defined()) return 0.0;
+  if (acc.device().is_cuda()) ctx.synchronize();  // the one wait of the norm: then an 8-byte copy
+  const Tensor host = acc.device().is_cpu() ? acc : acc.to(Device::cpu());
+  return std::sqrt(host.data<double>()[0]) * std::abs(scale);
+}
+
+Tensor AdamW::grad_sum_squares(Context& ctx, const Tensor& known_sum, const std::vector<Tensor>& known_grads) const {
   Tensor acc;  // [1] f64 on the gradients' device, read once
   std::vector<bool> known(params_.size(), false);
   if (known_sum.defined()) {
@@ -106,10 +117,7 @@ double AdamW::grad_norm(Context& ctx, double scale, const Tensor& known_sum, con
     rest.push_back(params_[i].grad);
   }
   if (!rest.empty()) ops::sum_squares_accumulate_many(ctx, rest, acc);
-  if (!acc.defined()) return 0.0;
-  if (acc.device().is_cuda()) ctx.synchronize();  // the one wait of the norm: then an 8-byte copy
-  const Tensor host = acc.device().is_cpu() ? acc : acc.to(Device::cpu());
-  return std::sqrt(host.data<double>()[0]) * std::abs(scale);
+  return acc;
 }
 
 ops::AdamWParams AdamW::params_for_(Context& ctx, size_t i, double lr, double grad_scale, int64_t step) const {

@@ -65,6 +65,12 @@ class AdamW {
   // It is ignored (everything is read) unless every known gradient is a trainable parameter's.
   double grad_norm(Context& ctx, double scale = 1.0, const Tensor& known_sum = Tensor(),
                    const std::vector<Tensor>& known_grads = {}) const;
+  // grad_norm in two halves, so that work which does not need the norm (a step without clipping)
+  // can be queued between them: grad_sum_squares queues the sums and returns the [1] f64 total on
+  // the device (undefined when there is nothing to sum); norm_of waits for it and reads it.
+  Tensor grad_sum_squares(Context& ctx, const Tensor& known_sum = Tensor(),
+                          const std::vector<Tensor>& known_grads = {}) const;
+  static double norm_of(Context& ctx, const Tensor& sum_squares, double scale = 1.0);
   // One update with learning rate `lr`; every gradient is multiplied by grad_scale first.
   // Parameters whose weights are in `done` (matched by storage) were updated in backward this
   // step (in_backward_targets) and are left alone; the step count advances either way.

@@ -391,15 +391,26 @@ void Trainer::train_step_(int64_t step) {
   const double loss = objective + cfg_.model.moe_aux_loss_coeff * aux + cfg_.model.moe_z_loss_coeff * z;
   std::optional<ProfileScope> region(std::in_place, ctx_, "grad_norm", ProfileKind::kRegion);
   const Qwen3Model::GradSumSquares* known = model_->grad_sum_squares();
-  const double gnorm = known ? opt_->grad_norm(ctx_, 1.0, known->sum, known->grads) : opt_->grad_norm(ctx_);
+  const Tensor sum_squares =
+      known ? opt_->grad_sum_squares(ctx_, known->sum, known->grads) : opt_->grad_sum_squares(ctx_);
   region.reset();
+  // With the update in backward (clip_grad 0, and a non-finite step stops the run rather than being
+  // skipped) the rest of the update needs neither the norm nor the finiteness test: it is queued
+  // before the norm is read, so the GPU does not wait on the host's read of 8 bytes.
+  if (in_backward) {
+    const ProfileScope opt_region(ctx_, "optimizer", ProfileKind::kRegion);
+    opt_->step(ctx_, lr, 1.0, model_->updated_in_backward());  // clip_grad is 0 (config check)
+  }
+  const double gnorm = AdamW::norm_of(ctx_, sum_squares);
   const bool finite = std::isfinite(gnorm) && std::isfinite(loss);
   const double clip = clip_coefficient(gnorm, cfg_.optimizer.clip_grad);
   MT_CHECK(finite || !in_backward,
-           "[train] step {}: non-finite loss or gradient norm ({}, {}) with optimizer.update_in_backward: the expert "
-           "weights were updated during backward, so the step cannot be skipped; resume from the last checkpoint "
-           "(with update_in_backward false, such steps are skipped)", step, loss, gnorm);
-  if (finite) {
+           "[train] step {}: non-finite loss or gradient norm ({}, {}) with optimizer.update_in_backward: the "
+           "weights were updated during backward and after it, so the step cannot be skipped; resume from the last "
+           "checkpoint (with update_in_backward false, such steps are skipped)", step, loss, gnorm);
+  if (in_backward) {
+    // (updated above)
+  } else if (finite) {
     const ProfileScope opt_region(ctx_, "optimizer", ProfileKind::kRegion);
     opt_->step(ctx_, lr, clip, model_->updated_in_backward());
   } else {

@@ -121,6 +121,68 @@ TEST(BackendPrecision, AdamWNonFiniteValuesAreBitExact) {
   check_scalar("adamw_step", "non-finite values bit-exact (4 cases)", failures, 0.0, 0.0);
 }
 
+// Vectors of 8 whose gradient, m and v are all +0 (an embedding row no token has touched) take the
+// kernel's short path (adamw_math::Consts::zero_*). Bit-exact against the CPU twin for every storage
+// combination, with nearest and stochastic rounding, through adamw_step and adamw_step_many, beside
+// vectors that only look like it (a -0, one non-zero value, a zero gradient with live moments), over
+// two steps (a zero vector stays zero), and with constants that make the zero state's quotient 0 / 0
+// (eps 0: NaN weights), or its m a NaN (grad_scale NaN), the last two with bf16 weights and moments.
+TEST(BackendPrecision, AdamWZeroStateVectorsAreBitExact) {
+  MT_REQUIRE_GPU();
+  const DType F = DType::kF32, B = DType::kBF16;
+  const int64_t n = 8 * 61 + 5;  // a partial last vector (the scalar path)
+  int cases = 0, failures = 0;
+  for (DType wd : {F, B})
+    for (DType gd : {F, B})
+      for (DType mvd : {F, B})
+        for (bool sr : {false, true})
+          for (int consts = 0; consts < 3; ++consts)
+            for (bool many : {false, true}) {
+              if (sr && wd == F) continue;
+              // NaN results are compared as stored bf16 only (both sides store the canonical 0x7fff; an
+              // f32 NaN keeps the host's or the device's payload and sign), as in the non-finite test.
+              if (consts && (wd == F || mvd == F)) continue;
+              auto wv = randn(n, 95, 0.05f), gv = randn(n, 96), mv = randn(n, 97, 0.1f), vv = randn(n, 98, 1e-2f);
+              for (auto& x : vv) x = x * x;
+              for (int64_t c = 0; c < n / 8; ++c) {
+                const int kind = static_cast<int>(c % 6);  // 0-2: the zero state; 3: a -0 m; 4: one live v; 5: g 0 only
+                for (int64_t i = 8 * c; i < 8 * c + 8; ++i) {
+                  const size_t u = static_cast<size_t>(i);
+                  if (kind <= 2 || kind == 5) gv[u] = 0.0f;
+                  if (kind <= 4) mv[u] = 0.0f, vv[u] = 0.0f;
+                  if (kind == 3 && i == 8 * c + 3) mv[u] = -0.0f;
+                  if (kind == 4 && i == 8 * c + 7) vv[u] = 1e-6f;
+                }
+              }
+              for (int64_t i = n - 5; i < n; ++i) gv[static_cast<size_t>(i)] = mv[static_cast<size_t>(i)] = vv[static_cast<size_t>(i)] = 0.0f;
+              Twin w = twin(wv, wd, 0), g = twin(gv, gd, 0), m = twin(mv, mvd, 0), v = twin(vv, mvd, 0);
+              ops::AdamWParams p;
+              p.lr = 3e-3f, p.weight_decay = 0.1f, p.stochastic_rounding = sr;
+              p.grad_scale = consts == 2 ? NAN : 0.7f;
+              p.eps = consts == 1 ? 0.0f : 1e-8f;
+              Tensor no_gpu, no_cpu;
+              for (int step = 1; step <= 2; ++step) {
+                p.step = step;
+                p.rng = gpu_ctx().rng(0x520000 + 5, static_cast<uint64_t>(step));
+                if (many) {
+                  std::vector<ops::AdamWTarget> t{{w.gpu, m.gpu, v.gpu, Tensor(), p}};
+                  ops::adamw_step_many(gpu_ctx(), t, {g.gpu});
+                } else {
+                  ops::adamw_step(gpu_ctx(), w.gpu, g.gpu, m.gpu, v.gpu, p, no_gpu);
+                }
+                cpu::adamw_step(cpu_ctx(), w.cpu, g.cpu, m.cpu, v.cpu, p, no_cpu);
+              }
+              device_sync();
+              const bool ok = same_bits(w.cpu, w.gpu) && same_bits(m.cpu, m.gpu) && same_bits(v.cpu, v.gpu);
+              if (!ok && ++failures <= 10)
+                ADD_FAILURE() << "adamw_step with zero-state vectors differs from the CPU twin: w " << dt_name(wd)
+                              << " g " << dt_name(gd) << " m/v " << dt_name(mvd) << (sr ? " stochastic" : " nearest")
+                              << " constants " << consts << (many ? " adamw_step_many" : " adamw_step");
+              ++cases;
+            }
+  check_scalar("adamw_step", "zero-state vectors bit-exact (" + std::to_string(cases) + ")", failures, 0.0, 0.0);
+}
+
 TEST(BackendPrecision, SumSquaresAccumulateMatchesCpu) {
   MT_REQUIRE_GPU();
   for (int64_t n : {int64_t{1}, int64_t{1001}, int64_t{65536 * 5 + 3}})

@@ -43,6 +43,19 @@ __device__ __forceinline__ uint4 narrow8_bits(const float (&x)[8]) {
 __device__ __forceinline__ void load8(const uint16_t* p, float (&x)[8]) {
   widen8_bits(*reinterpret_cast<const uint4*>(p), x);
 }
+// load8, and the OR of the 8 stored values' bits: 0 when all of them are +0.
+__device__ __forceinline__ uint32_t load8_or(const float* p, float (&x)[8]) {
+  load8(p, x);
+  uint32_t o = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) o |= __float_as_uint(x[j]);
+  return o;
+}
+__device__ __forceinline__ uint32_t load8_or(const uint16_t* p, float (&x)[8]) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  widen8_bits(u, x);
+  return u.x | u.y | u.z | u.w;
+}
 // One 16-byte store. (A uint4 assignment can reach the PTX as four st.global.u32: nvcc split the
 // bf16 stores of the fused dW + AdamW walk that way, four times the store instructions and L2 sectors.)
 // No memory clobber: the kernels here never read back what they store, and the compiler may keep
@@ -121,11 +134,20 @@ __device__ __forceinline__ void adamw_chunk(W* __restrict__ w, const G* __restri
   if (kVec && i0 + 8 <= n) {
     float wf[8], gf[8], mf[8], vf[8];
     load8(w + i0, wf);
-    load8(g + i0, gf);
-    load8(m + i0, mf);
-    load8(v + i0, vf);
+    const uint32_t nonzero = load8_or(g + i0, gf) | load8_or(m + i0, mf) | load8_or(v + i0, vf);
+    if (nonzero) {
 #pragma unroll
-    for (int j = 0; j < 8; ++j) am::update(k, gf[j], mf[j], vf[j], wf[j]);  // (update8 measured 3% slower here)
+      for (int j = 0; j < 8; ++j) am::update(k, gf[j], mf[j], vf[j], wf[j]);  // (update8 measured 3% slower here)
+    } else {
+      // Gradient, m and v all +0 (an embedding row that no token has touched): update() with its
+      // m, v and quotient taken from the constants (make_consts), without the square root and divide,
+      // whose slow paths a zero takes.
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        mf[j] = k.zero_m, vf[j] = k.zero_v;
+        wf[j] = am::sub(wf[j], am::mul(k.lr, am::add(k.zero_q, am::mul(k.wd, wf[j]))));
+      }
+    }
     store8(m + i0, mf);
     store8(v + i0, vf);
     if constexpr (std::is_same_v<W, uint16_t>) {

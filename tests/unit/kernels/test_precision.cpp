@@ -139,6 +139,31 @@ TEST(AdamWPrecision, StochasticRoundingOfNonFiniteAndLastBinadeValues) {
 }
 
 // The new f32 weight x of every element is the same; the rounded results must average to x.
+// make_consts' zero_m, zero_v and zero_q (the GPU kernel's short path for a vector whose gradient, m
+// and v are all +0) are what update() forms for such an element: the same m, v and weight bits for
+// every weight, including constants that make the zero state's quotient NaN (eps 0) or its moments
+// NaN (grad_scale NaN), and weights of either sign, 0 and -0.
+TEST(AdamWPrecision, ZeroStateConstantsMatchUpdate) {
+  namespace am = adamw_math;
+  const float weights[] = {0.0f, -0.0f, 0.05f, -1.5f, 3e38f, 1e-40f, -7e-3f, INFINITY};
+  struct C { float lr, b1, b2, eps, wd, gs; int64_t step; };
+  const C cs[] = {{3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 1},   {1e-5f, 0.9f, 0.999f, 1e-6f, 0.0f, 0.7f, 500},
+                  {3e-4f, 0.9f, 0.95f, 0.0f, 0.1f, 1.0f, 3},    {3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, NAN, 2},
+                  {2e-3f, 0.0f, 0.0f, 1e-8f, 0.01f, 1.0f, 7}};
+  auto bits = [](float f) { return am::float_bits(f); };
+  for (const C& c : cs) {
+    const am::Consts k = am::make_consts(c.lr, c.b1, c.b2, c.eps, c.wd, c.step, c.gs);
+    for (const float w0 : weights) {
+      float m = 0.0f, v = 0.0f, w = w0;
+      am::update(k, 0.0f, m, v, w);
+      const float short_w = am::sub(w0, am::mul(k.lr, am::add(k.zero_q, am::mul(k.wd, w0))));
+      EXPECT_EQ(bits(m), bits(k.zero_m)) << "m, eps " << c.eps << " grad_scale " << c.gs;
+      EXPECT_EQ(bits(v), bits(k.zero_v)) << "v, eps " << c.eps << " grad_scale " << c.gs;
+      EXPECT_EQ(bits(w), bits(short_w)) << "w " << w0 << ", eps " << c.eps << " grad_scale " << c.gs;
+    }
+  }
+}
+
 TEST(AdamWPrecision, StochasticRoundingIsUnbiasedAndIndexAddressed) {
   Context ctx(Device::cpu(), 1234);
   const int64_t n = 1 << 18;
