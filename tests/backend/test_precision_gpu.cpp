@@ -124,9 +124,10 @@ TEST(BackendPrecision, AdamWNonFiniteValuesAreBitExact) {
 // Vectors of 8 whose gradient, m and v are all +0 (an embedding row no token has touched) take the
 // kernel's short path (adamw_math::Consts::zero_*). Bit-exact against the CPU twin for every storage
 // combination, with nearest and stochastic rounding, through adamw_step and adamw_step_many, beside
-// vectors that only look like it (a -0, one non-zero value, a zero gradient with live moments), over
-// two steps (a zero vector stays zero), and with constants that make the zero state's quotient 0 / 0
-// (eps 0: NaN weights), or its m a NaN (grad_scale NaN), the last two with bf16 weights and moments.
+// vectors that only look like it (a -0, one non-zero value, a zero gradient with live moments), with a
+// bf16 compute copy beside an f32 master, over two steps (a zero vector stays zero), and with constants
+// that make the zero state's quotient 0 / 0 (eps 0: NaN weights), or its m a NaN (grad_scale NaN), the
+// last two with bf16 weights and moments.
 TEST(BackendPrecision, AdamWZeroStateVectorsAreBitExact) {
   MT_REQUIRE_GPU();
   const DType F = DType::kF32, B = DType::kBF16;
@@ -156,24 +157,26 @@ TEST(BackendPrecision, AdamWZeroStateVectorsAreBitExact) {
               }
               for (int64_t i = n - 5; i < n; ++i) gv[static_cast<size_t>(i)] = mv[static_cast<size_t>(i)] = vv[static_cast<size_t>(i)] = 0.0f;
               Twin w = twin(wv, wd, 0), g = twin(gv, gd, 0), m = twin(mv, mvd, 0), v = twin(vv, mvd, 0);
+              // an f32 master keeps a bf16 compute copy (the optimizer's mixed-precision layout)
+              Twin c = wd == F ? twin(std::vector<float>(static_cast<size_t>(n), 0.0f), B, 0) : Twin{};
               ops::AdamWParams p;
               p.lr = 3e-3f, p.weight_decay = 0.1f, p.stochastic_rounding = sr;
               p.grad_scale = consts == 2 ? NAN : 0.7f;
               p.eps = consts == 1 ? 0.0f : 1e-8f;
-              Tensor no_gpu, no_cpu;
               for (int step = 1; step <= 2; ++step) {
                 p.step = step;
                 p.rng = gpu_ctx().rng(0x520000 + 5, static_cast<uint64_t>(step));
                 if (many) {
-                  std::vector<ops::AdamWTarget> t{{w.gpu, m.gpu, v.gpu, Tensor(), p}};
+                  std::vector<ops::AdamWTarget> t{{w.gpu, m.gpu, v.gpu, c.gpu, p}};
                   ops::adamw_step_many(gpu_ctx(), t, {g.gpu});
                 } else {
-                  ops::adamw_step(gpu_ctx(), w.gpu, g.gpu, m.gpu, v.gpu, p, no_gpu);
+                  ops::adamw_step(gpu_ctx(), w.gpu, g.gpu, m.gpu, v.gpu, p, c.gpu);
                 }
-                cpu::adamw_step(cpu_ctx(), w.cpu, g.cpu, m.cpu, v.cpu, p, no_cpu);
+                cpu::adamw_step(cpu_ctx(), w.cpu, g.cpu, m.cpu, v.cpu, p, c.cpu);
               }
               device_sync();
-              const bool ok = same_bits(w.cpu, w.gpu) && same_bits(m.cpu, m.gpu) && same_bits(v.cpu, v.gpu);
+              const bool ok = same_bits(w.cpu, w.gpu) && same_bits(m.cpu, m.gpu) && same_bits(v.cpu, v.gpu) &&
+                              (wd != F || same_bits(c.cpu, c.gpu));
               if (!ok && ++failures <= 10)
                 ADD_FAILURE() << "adamw_step with zero-state vectors differs from the CPU twin: w " << dt_name(wd)
                               << " g " << dt_name(gd) << " m/v " << dt_name(mvd) << (sr ? " stochastic" : " nearest")
