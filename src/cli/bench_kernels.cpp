@@ -433,6 +433,13 @@ void bench_loss_head_parts(Context& ctx, const ModelConfig& mc, const KernelBenc
     const std::string key = fmt::format("loss_head.part.r{}", n);
     rows.add(key + ".fwd", tag + ": logits GEMM",
              rows.time([&] { ops::matmul(ctx, xc, Trans::kNo, w, Trans::kYes, lc); }), f);
+    // The same logits through the expert GEMM as one expert of n rows (on cc 9.0 the Hopper
+    // warp-specialized kernel): whether a GEMM of ours, whose epilogue could take the cross-entropy
+    // forward, runs this shape at cuBLAS's speed.
+    const Tensor off = Tensor::from_ints({0, static_cast<int32_t>(n)}, {2}).to(ctx.device());
+    const Tensor w3 = w.view({1, V, H});
+    rows.add(key + ".fwd_gmm", tag + ": logits as a one-expert grouped GEMM",
+             rows.time([&] { ops::grouped_matmul(ctx, xc, w3, off, lc); }), f);
     Tensor dc = Tensor::empty({n, V}, dt, ctx.device(), MemCategory::kWorkspace);
     rows.add(key + ".ce", tag + ": cross-entropy fwd + bwd", rows.time([&] {
       ops::cross_entropy_forward(ctx, lc, lab, Tensor(), nc, sc);
@@ -443,8 +450,6 @@ void bench_loss_head_parts(Context& ctx, const ModelConfig& mc, const KernelBenc
     // The lm_head gradient: cuBLAS, and the expert dW GEMM of one expert with n rows (on cc 9.0 the
     // Hopper kernel, whose store warps write, or load and add, each tile under the next tile's
     // mainloop); f32 +=, and on a bf16 device bf16 += and written.
-    const Tensor off = Tensor::from_ints({0, static_cast<int32_t>(n)}, {2}).to(ctx.device());
-    const Tensor w3 = w.view({1, V, H});
     Tensor none;
     for (Tensor* dw : {&dw32, &dw16}) {
       if (dw->dtype() == DType::kF32 && dw == &dw16) continue;  // a CPU run has no bf16 gradient
