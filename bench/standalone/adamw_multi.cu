@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "kernels/cuda/adamw_kernel.cuh"
+#include "median_events.cuh"
 
 using namespace moetrain;
 using namespace moetrain::cuda::adamw_detail;
@@ -219,24 +220,6 @@ int main(int argc, char** argv) {
       }
     return bad;
   };
-  auto median_ms = [&](const std::function<void()>& fn) {
-    cudaEvent_t a, e;
-    cudaEventCreate(&a), cudaEventCreate(&e);
-    for (int i = 0; i < 3; ++i) fn();
-    std::vector<float> t;
-    for (int i = 0; i < 10; ++i) {
-      cudaEventRecord(a);
-      fn();
-      cudaEventRecord(e);
-      cudaEventSynchronize(e);
-      float ms = 0;
-      cudaEventElapsedTime(&ms, a, e);
-      t.push_back(ms);
-    }
-    CK(cudaGetLastError());
-    std::sort(t.begin(), t.end());
-    return 0.5f * (t[4] + t[5]);
-  };
   const double bytes = 14.0 * static_cast<double>(total);
   std::printf("non-expert AdamW, %d layers: %lld weights, %.2f GB at 14 bytes a weight\n", layers,
               static_cast<long long>(total), bytes / 1e9);
@@ -249,20 +232,20 @@ int main(int argc, char** argv) {
     CK(cudaDeviceSynchronize());
     const int64_t bad = mismatches();
     restore();
-    const float ms = median_ms([&] { launch(mode, all); });
+    const float ms = median_event_ms([&] { launch(mode, all); });
     std::printf("| %s | %.3f | %.0f | %lld |\n", names[mode + 1], ms, bytes / (ms * 1e-3) / 1e9,
                 static_cast<long long>(bad));
   }
   std::printf("\nper job (committed kernel, one job a launch):\n| job | weights | ms | GB/s |\n|---|---|---|---|\n");
   for (int i = 0; i < std::min<int>(static_cast<int>(ps.size()), 8); ++i) {
     restore();
-    const float ms = median_ms([&] { launch(-1, {i}); });
+    const float ms = median_event_ms([&] { launch(-1, {i}); });
     const double n = static_cast<double>(ps[i].rows * ps[i].cols);
     std::printf("| %s | %.0f | %.3f | %.0f |\n", ps[i].name.c_str(), n, ms, 14.0 * n / (ms * 1e-3) / 1e9);
   }
   for (int mode : {1, 2, 3, 5, 6}) {
     restore();
-    const float ms = median_ms([&] { launch(mode, {0}); });
+    const float ms = median_event_ms([&] { launch(mode, {0}); });
     const double n = static_cast<double>(ps[0].rows * ps[0].cols);
     std::printf("| embed, %s | %.0f | %.3f | %.0f |\n", names[mode + 1], n, ms, 14.0 * n / (ms * 1e-3) / 1e9);
   }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/cuda/adamw_kernel.cuh"
+#include "median_events.cuh"
 
 using namespace moetrain;
 using namespace moetrain::cuda::adamw_detail;
@@ -137,25 +138,6 @@ struct Run {
   }
 };
 
-float median_ms(const std::function<void()>& fn) {
-  cudaEvent_t a, b;
-  cudaEventCreate(&a), cudaEventCreate(&b);
-  for (int i = 0; i < 3; ++i) fn();
-  std::vector<float> t;
-  for (int i = 0; i < 10; ++i) {
-    cudaEventRecord(a);
-    fn();
-    cudaEventRecord(b);
-    cudaEventSynchronize(b);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    t.push_back(ms);
-  }
-  CK(cudaGetLastError());
-  std::sort(t.begin(), t.end());
-  return 0.5f * (t[4] + t[5]);
-}
-
 template <typename W, typename G, typename M, typename V, typename C>
 void run_case(const char* name, bool use_c, bool sr, int64_t n_check, int64_t n_time, double bytes_per_elem,
               std::vector<std::string>& rows) {
@@ -176,7 +158,7 @@ void run_case(const char* name, bool use_c, bool sr, int64_t n_check, int64_t n_
   CK(cudaMemset(big.g, 0x3c, n_time * sizeof(G)));
   CK(cudaMemset(big.m, 0x3c, n_time * sizeof(M)));
   CK(cudaMemset(big.v, 0x3c, n_time * sizeof(V)));
-  const float ms = median_ms([&] { big.launch(k, sr, key, counter); });
+  const float ms = median_event_ms([&] { big.launch(k, sr, key, counter); });
   big.release();
   char buf[256];
   std::snprintf(buf, sizeof buf, "| %s | %.0f | %.3f | %.0f | %lld |", name, bytes_per_elem, ms,
@@ -195,7 +177,7 @@ int main() {
     CK(cudaMemset(g, 0x3c, n_time * 4));
     CK(cudaMemset(m, 0x3c, n_time * 4));
     CK(cudaMemset(v, 0x3c, n_time * 4));
-    const float ms = median_ms([&] {
+    const float ms = median_event_ms([&] {
       old_adamw_kernel<<<65536, 256>>>(w, g, m, v, c, n_time, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.4f, 0.2f, 0.7f);
     });
     char buf[256];

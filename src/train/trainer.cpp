@@ -408,12 +408,10 @@ void Trainer::train_step_(int64_t step) {
            "[train] step {}: non-finite loss or gradient norm ({}, {}) with optimizer.update_in_backward: the "
            "weights were updated during backward and after it, so the step cannot be skipped; resume from the last "
            "checkpoint (with update_in_backward false, such steps are skipped)", step, loss, gnorm);
-  if (in_backward) {
-    // (updated above)
-  } else if (finite) {
+  if (!in_backward && finite) {  // (with the update in backward, the step was queued above)
     const ProfileScope opt_region(ctx_, "optimizer", ProfileKind::kRegion);
     opt_->step(ctx_, lr, clip, model_->updated_in_backward());
-  } else {
+  } else if (!in_backward) {
     ++skipped_steps_;
     MT_LOG_WARN("[train] step {}: non-finite loss or gradient norm ({}, {}); update skipped", step, loss, gnorm);
   }
