@@ -449,7 +449,8 @@ void bench_loss_head_parts(Context& ctx, const ModelConfig& mc, const KernelBenc
              rows.time([&] { ops::matmul(ctx, dc, Trans::kNo, w, Trans::kNo, dxc); }), f);
     // The lm_head gradient: cuBLAS, and the expert dW GEMM of one expert with n rows (on cc 9.0 the
     // Hopper kernel, whose store warps write, or load and add, each tile under the next tile's
-    // mainloop); f32 +=, and on a bf16 device bf16 += and written.
+    // mainloop; an f32 += there is a bulk reduce-add); f32 += and written, and on a bf16 device the same
+    // with a bf16 gradient.
     Tensor none;
     for (Tensor* dw : {&dw32, &dw16}) {
       if (dw->dtype() == DType::kF32 && dw == &dw16) continue;  // a CPU run has no bf16 gradient
@@ -460,7 +461,6 @@ void bench_loss_head_parts(Context& ctx, const ModelConfig& mc, const KernelBenc
                rows.time([&] { ops::matmul(ctx, dc, Trans::kYes, xc, Trans::kNo, *dw, 1.0f, 1.0f); }), f);
       rows.add(key + ".dw_gmm" + dk, tag + ": dW as a one-expert grouped GEMM, " + dn + " +=",
                rows.time([&] { ops::grouped_matmul_backward(ctx, xc, w3, off, dc, none, dw3, true); }), f);
-      if (dw == &dw32) continue;
       rows.add(key + ".dw" + dk + "_write", tag + ": dW GEMM " + dn + " written",
                rows.time([&] { ops::matmul(ctx, dc, Trans::kYes, xc, Trans::kNo, *dw, 1.0f, 0.0f); }), f);
       rows.add(key + ".dw_gmm" + dk + "_write", tag + ": dW as a one-expert grouped GEMM, " + dn + " written",

@@ -94,7 +94,7 @@ want = [f"gmm.{c}.{p}" for c in ("gate_up", "down") for p in ("fwd", "dx", "dw",
 want += [f"attn.{c}.{p}" for c in ("full", "packed") for p in ("fwd", "bwd")] + [f"loss_head.{v}{w}" for v in ("chunked", "unfused") for w in ("", ".write")]
 want += [f"proj.qkv.{p}{w}" for p in ("fwd", "dx", "dw") for w in ("", ".one")] + [f"proj.o.{p}" for p in ("fwd", "dx", "dw")]
 # the loss head's parts at the default chunk, which is all of T = 64 here (one row set, no duplicate keys)
-want += [f"loss_head.part.r64.{p}" for p in ("fwd", "fwd_gmm", "ce", "dx", "dw", "dw_gmm")]
+want += [f"loss_head.part.r64.{p}" for p in ("fwd", "fwd_gmm", "ce", "dx", "dw", "dw_gmm", "dw_write", "dw_gmm_write")]
 check(sorted(k) == sorted(want), f"kernel keys {sorted(k)}")
 for key, r in k.items():
     check(r["ms"] >= 0 and (r["flops"] > 0 or key.endswith(".ce")), f"kernel {key} values")  # CE: no GEMM FLOPs
@@ -109,7 +109,7 @@ for p in ("fwd", "dx", "dw"):  # T 64, H 64, q 4 x 16, k and v 2 x 16 each
     check(k[f"proj.qkv.{p}"]["flops"] == k[f"proj.qkv.{p}.one"]["flops"] == 2 * 64 * 64 * (64 + 2 * 32), f"proj qkv {p} flops")
     check(k[f"proj.o.{p}"]["flops"] == 2 * 64 * 64 * 64, f"proj o {p} flops")
 check(k["attn.packed.fwd"]["flops"] == 4 * 4 * (16 * 17 / 2) * 16 * 4, "packed attention flops (4 docs of 16)")
-for p in ("fwd", "fwd_gmm", "dx", "dw", "dw_gmm"):  # n 64 rows, H 64, V 256
+for p in ("fwd", "fwd_gmm", "dx", "dw", "dw_gmm", "dw_write", "dw_gmm_write"):  # n 64 rows, H 64, V 256
     check(k[f"loss_head.part.r64.{p}"]["flops"] == 2 * 64 * 64 * 256, f"loss head part {p} flops")
 logits = 64 * 256 * 4  # [T, V] f32 on the CPU
 ch, un = k["loss_head.chunked"]["peak_extra_bytes"], k["loss_head.unfused"]["peak_extra_bytes"]

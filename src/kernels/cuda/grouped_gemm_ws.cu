@@ -9,6 +9,7 @@
 
 #include <cub/block/block_scan.cuh>
 
+#include "core/env.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/grouped_gemm_ws.cuh"
 #include "kernels/cuda/grouped_gemm_ws_dw.cuh"
@@ -560,7 +561,10 @@ void grouped_gemm_ws_dw(Context& ctx, const __nv_bfloat16* x, const __nv_bfloat1
     partial = device_scratch(ctx, tiles * 8);
     part = static_cast<double*>(partial.data_ptr());
   }
-  gwd::dispatch_dw(ctx, x, dy, off, E, N, K, M, dw, dw_bf16, accumulate, part, 0);
+  // MT_DW_F32_WIDE (read once; benchmarks): 0 keeps f32 gradients without sums of squares on the
+  // 128-wide tiles (dispatch_dw's variant bit 1), same values.
+  static const int variant = env_int("MT_DW_F32_WIDE", 1) == 0 ? 2 : 0;
+  gwd::dispatch_dw(ctx, x, dy, off, E, N, K, M, dw, dw_bf16, accumulate, part, variant);
   if (sum_squares) add_partials_into(ctx, part, tiles, sum_squares);
 }
 

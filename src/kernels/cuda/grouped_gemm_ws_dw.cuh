@@ -2,7 +2,8 @@
 // Warp 0 loads dy / x k-slabs with TMA into an mbarrier ring; two consumer warpgroups run wgmma on a
 // 128 x BN tile, round it (+ the old dw) into a shared staging tile and sum the squares of their
 // fragments (fp64 per warp); warps 1-3 ("store warps") write the tile with per-row bulk copies under
-// the next tile's mainloop, and their thread 0 adds the 8 warp sums in order.
+// the next tile's mainloop, and their thread 0 adds the 8 warp sums in order. An f32 dw without sums
+// of squares takes 128 x 256 tiles staged in two halves, its += a bulk reduce-add (Cfg::kHalves).
 // Epi (the epilogue policy) says what else a staged tile gets: StoreEpilogue here, AdamW elsewhere.
 #pragma once
 #include <cuda.h>
@@ -28,7 +29,12 @@ struct Cfg {
   static constexpr int kBlock = BK * 128;
   static constexpr int kABytes = 2 * kBlock;
   static constexpr int kStageBytes = kABytes + (BN / 64) * kBlock;
-  static constexpr int kPitch = BN * static_cast<int>(sizeof(DwT)) + (sizeof(DwT) == 4 ? 32 : 16);
+  // kHalves: an f32 tile 256 wide is staged as two 128-column halves, one after the other (a whole
+  // one, 132 KB, leaves no room for the ring); only for dispatch_dw without sums of squares, whose
+  // += the store warps do as a bulk reduce-add (see stage_f32_half).
+  static constexpr bool kHalves = sizeof(DwT) == 4 && BN == 256;
+  static constexpr int kStageCols = kHalves ? BN / 2 : BN;
+  static constexpr int kPitch = kStageCols * static_cast<int>(sizeof(DwT)) + (sizeof(DwT) == 4 ? 32 : 16);
   static constexpr int kOutBytes = kBM * kPitch;
   static constexpr int kOffOff = kOutBytes + 256;
   static constexpr int kRedOff = kOffOff + ((2 * kMaxE + 1) * 4 + 7) / 8 * 8;  // offsets [E+1], then the order [E]
@@ -312,6 +318,31 @@ __device__ __forceinline__ void stage_tile(const float (&acc)[BN / 2], bool accu
   }
 }
 
+// The wide f32 tile's half HF (columns 128 HF .. 128 HF + 127) into the staging tile, as stored (no old
+// rows: the store warps add them in global memory with a bulk reduce-add, f32 old + new rounded once,
+// the bits of stage_f32's accumulate). Consumer warp `warp` holds rows 16 warp + lane / 4 and + 8.
+template <int BN, int kPitch, int HF>
+__device__ __forceinline__ void stage_f32_half(const float (&acc)[BN / 2], unsigned char* out_p, int lane, int warp) {
+  const int frow = 16 * warp + (lane >> 2), fcol = 2 * (lane & 3);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    unsigned char* rp = out_p + (frow + 8 * h) * kPitch;
+#pragma unroll
+    for (int j = 0; j < BN / 16; ++j) {
+      const int ja = BN / 16 * HF + j;  // the fragment's column block
+      *reinterpret_cast<float2*>(rp + (fcol + 8 * j) * 4) = make_float2(acc[4 * ja + 2 * h], acc[4 * ja + 2 * h + 1]);
+    }
+  }
+}
+
+// Bytes of half hf of staged row r of a wide f32 tile that exist in the output (0 past M or past K).
+template <int BN>
+__device__ __forceinline__ uint32_t half_bytes(const Params& p, const Tile& x, int r, int hf) {
+  if (x.i0 + r >= p.ci) return 0;
+  const int64_t cols = p.cj - x.j0 * BN - (BN / 2) * hf;
+  return cols <= 0 ? 0u : static_cast<uint32_t>((cols < BN / 2 ? cols : BN / 2) * 4);
+}
+
 // Store warp sw (0..2) owns the rows of consumer warps sw, sw + 3 and sw + 6 (< 8), 16 w .. 16 w + 15:
 // it stores and reloads only those, so only a __syncwarp orders its reads of them before the next
 // tile's loads. Lane `lane`'s rows: row_a always, row_b
@@ -443,6 +474,35 @@ __global__ void __launch_bounds__(kThreads, 1)
     // ---- store warps (see store_rows) ----
     const int st = tid - 32, sw = st >> 5, lane = tid & 31;
     const StoreRows own = store_rows(sw, lane);
+    if constexpr (C::kHalves) {  // two rounds a tile: store (=) or reduce-add (+=) a half, free the staging
+      uint32_t it = 0;
+      int64_t t = seek(blockIdx.x);
+      if (t < total) wg::mbar_arrive(sready);
+      while (t < total) {
+        const Tile x = decode<BN, BK>(p, s_off, t);
+        const int64_t tn = seek(t + stride);
+        for (int hf = 0; hf < 2; ++hf, ++it) {
+          wg::mbar_wait_idle(sfull, it & 1u);
+          const uint32_t na = half_bytes<BN>(p, x, own.a, hf), nb = own.has_b ? half_bytes<BN>(p, x, own.b, hf) : 0u;
+          float* ga = row_ptr<BN, float>(p, x, own.a) + (BN / 2) * hf;
+          float* gb = row_ptr<BN, float>(p, x, own.b) + (BN / 2) * hf;
+          if (p.accumulate) {
+            if (na) wg::bulk_reduce_add_f32(ga, sout + own.a * C::kPitch, na);
+            if (nb) wg::bulk_reduce_add_f32(gb, sout + own.b * C::kPitch, nb);
+          } else {
+            if (na) wg::bulk_store(ga, sout + own.a * C::kPitch, na);
+            if (nb) wg::bulk_store(gb, sout + own.b * C::kPitch, nb);
+          }
+          wg::bulk_commit();
+          __syncwarp();
+          wg::bulk_wait_read();
+          if (hf == 0 || tn < total) wg::mbar_arrive(sready);
+        }
+        t = tn;
+      }
+      wg::bulk_wait_all();
+      return;
+    }
     auto release = [&](const Tile& x) {  // own rows free: (+=) load tile x's old rows; arrive on sready
       const uint32_t na = p.accumulate ? row_bytes<BN, DwT>(p, x, own.a) : 0u;
       const uint32_t nb = p.accumulate && own.has_b ? row_bytes<BN, DwT>(p, x, own.b) : 0u;
@@ -510,6 +570,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (Epi::kWalk && Epi::kEarly) epi.template fetch<BN>(p, x, ctid, pend);
     mainloop<C, BN, BK>(acc, x, base, full0, empty0, stage, phase, ctid, cw, lane);
     if constexpr (Epi::kWalk && !Epi::kEarly) epi.template fetch<BN>(p, x, ctid, pend);
+    if constexpr (C::kHalves) {  // (StoreEpilogue, no sums of squares: dispatch_dw checks)
+      wg::mbar_wait(sready, rphase);
+      rphase ^= 1u;
+      stage_f32_half<BN, C::kPitch, 0>(acc, out_p, lane, warp);
+      wg::fence_proxy_async();
+      wg::mbar_arrive(sfull);
+      wg::mbar_wait(sready, rphase);
+      rphase ^= 1u;
+      stage_f32_half<BN, C::kPitch, 1>(acc, out_p, lane, warp);
+      wg::fence_proxy_async();
+      wg::mbar_arrive(sfull);
+      continue;
+    }
     if (solo) {
       consumers_sync();  // every consumer has walked the previous staged tile
     } else {
@@ -623,16 +696,23 @@ inline int64_t dw_tiles(int E, int64_t K, int64_t M, bool dw_bf16) {
   const int bn = dw_bf16 ? 256 : 128;
   return static_cast<int64_t>(E) * ((M + kBM - 1) / kBM) * ((K + bn - 1) / bn);
 }
-// Same contract as grouped_gemm_wgmma_dw. variant (benchmark knob): 0 = default (measured fastest on
-// H100, docs/design/kernels.md: bf16 128x256 tiles with 64-row slabs, 3 stages; f32 128x128 with
-// 32-row slabs, 8 stages), 1 = the other slab depth (bf16 32 rows / 6 stages, f32 64 / 4).
+// Same contract as grouped_gemm_wgmma_dw. variant (benchmark knob), bit 0 (1) = the other slab depth
+// (bf16: 32 rows / 6 stages instead of 64 / 3; f32 128 wide: 64 / 4 instead of 32 / 8; f32 256 wide:
+// 32 / 6 instead of 64 / 3), bit 1 (2) = f32 without sums of squares on 128-wide tiles too. Defaults:
+// bf16 128 x 256 tiles; f32 128 x 256 tiles staged in halves with the += as a bulk reduce-add when no
+// sums of squares are asked for (the loss head's lm_head gradient, the expert gradients of the
+// micro-batches before the last), else 128 x 128 (the sums need the stored value in registers).
 inline void dispatch_dw(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, int E, int64_t N, int64_t K,
                         int64_t M, void* dw, bool dw_bf16, bool accumulate, double* partial, int variant) {
+  const bool deep = variant & 1, wide = partial == nullptr && !(variant & 2);
   if (dw_bf16) {
-    if (variant == 1) launch_dw<256, bf16, 32>(ctx, x, dy, off, E, N, K, M, dw, accumulate, partial);
+    if (deep) launch_dw<256, bf16, 32>(ctx, x, dy, off, E, N, K, M, dw, accumulate, partial);
     else launch_dw<256, bf16, 64>(ctx, x, dy, off, E, N, K, M, dw, accumulate, partial);
+  } else if (wide) {
+    if (deep) launch_dw<256, float, 32>(ctx, x, dy, off, E, N, K, M, dw, accumulate, nullptr);
+    else launch_dw<256, float, 64>(ctx, x, dy, off, E, N, K, M, dw, accumulate, nullptr);
   } else {
-    if (variant == 1) launch_dw<128, float, 64>(ctx, x, dy, off, E, N, K, M, dw, accumulate, partial);
+    if (deep) launch_dw<128, float, 64>(ctx, x, dy, off, E, N, K, M, dw, accumulate, partial);
     else launch_dw<128, float, 32>(ctx, x, dy, off, E, N, K, M, dw, accumulate, partial);
   }
 }
