@@ -554,16 +554,16 @@ void grouped_gemm_ws_dx(Context& ctx, const __nv_bfloat16* dy, const __nv_bfloat
 
 void grouped_gemm_ws_dw(Context& ctx, const __nv_bfloat16* x, const __nv_bfloat16* dy, const int32_t* off, int E,
                         int64_t N, int64_t K, int64_t M, void* dw, bool dw_bf16, bool accumulate, double* sum_squares) {
-  const int64_t tiles = gwd::dw_tiles(E, K, M, dw_bf16);
+  // MT_DW_F32_WIDE (read once; benchmarks): 0 keeps f32 gradients on the 128-wide tiles (dispatch_dw's
+  // variant bit 1), same values (the sums of squares in another order).
+  static const int variant = env_int("MT_DW_F32_WIDE", 1) == 0 ? 2 : 0;
+  const int64_t tiles = gwd::dw_tiles(E, K, M, dw_bf16, accumulate, variant);
   Tensor partial;
   double* part = nullptr;
   if (sum_squares) {
     partial = device_scratch(ctx, tiles * 8);
     part = static_cast<double*>(partial.data_ptr());
   }
-  // MT_DW_F32_WIDE (read once; benchmarks): 0 keeps f32 gradients without sums of squares on the
-  // 128-wide tiles (dispatch_dw's variant bit 1), same values.
-  static const int variant = env_int("MT_DW_F32_WIDE", 1) == 0 ? 2 : 0;
   gwd::dispatch_dw(ctx, x, dy, off, E, N, K, M, dw, dw_bf16, accumulate, part, variant);
   if (sum_squares) add_partials_into(ctx, part, tiles, sum_squares);
 }

@@ -320,17 +320,32 @@ __device__ __forceinline__ void stage_tile(const float (&acc)[BN / 2], bool accu
 
 // The wide f32 tile's half HF (columns 128 HF .. 128 HF + 127) into the staging tile, as stored (no old
 // rows: the store warps add them in global memory with a bulk reduce-add, f32 old + new rounded once,
-// the bits of stage_f32's accumulate). Consumer warp `warp` holds rows 16 warp + lane / 4 and + 8.
+// the bits of stage_f32's accumulate, so with += there are no sums of squares). With `ss` (= only) it
+// adds the squares of the values inside the output (rows < nrows, tile columns < ncols) to sq, in
+// groups of four (column blocks j and j + 1 of one row) over its four chains. Consumer warp `warp`
+// holds rows 16 warp + lane / 4 and + 8.
 template <int BN, int kPitch, int HF>
-__device__ __forceinline__ void stage_f32_half(const float (&acc)[BN / 2], unsigned char* out_p, int lane, int warp) {
+__device__ __forceinline__ void stage_f32_half(const float (&acc)[BN / 2], unsigned char* out_p, int lane, int warp,
+                                               wg::SumSq4& sq, bool ss, int nrows, int ncols) {
   const int frow = 16 * warp + (lane >> 2), fcol = 2 * (lane & 3);
+  const bool all_in = frow + 8 < nrows && ncols >= BN / 2 * (HF + 1);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     unsigned char* rp = out_p + (frow + 8 * h) * kPitch;
+    const bool row_in = frow + 8 * h < nrows;
 #pragma unroll
-    for (int j = 0; j < BN / 16; ++j) {
-      const int ja = BN / 16 * HF + j;  // the fragment's column block
-      *reinterpret_cast<float2*>(rp + (fcol + 8 * j) * 4) = make_float2(acc[4 * ja + 2 * h], acc[4 * ja + 2 * h + 1]);
+    for (int j = 0; j < BN / 16; j += 2) {
+      float s4[4];
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj) {
+        const int ja = BN / 16 * HF + j + jj;  // the fragment's column block
+        const float v0 = acc[4 * ja + 2 * h], v1 = acc[4 * ja + 2 * h + 1];
+        *reinterpret_cast<float2*>(rp + (fcol + 8 * (j + jj)) * 4) = make_float2(v0, v1);
+        const bool in = all_in || (row_in && fcol + 8 * ja < ncols);
+        s4[2 * jj] = in ? v0 : 0.0f;
+        s4[2 * jj + 1] = in ? v1 : 0.0f;
+      }
+      if (ss) sq.add4((j >> 1) & 3, s4[0], s4[1], s4[2], s4[3]);
     }
   }
 }
@@ -475,7 +490,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int st = tid - 32, sw = st >> 5, lane = tid & 31;
     const StoreRows own = store_rows(sw, lane);
     if constexpr (C::kHalves) {  // two rounds a tile: store (=) or reduce-add (+=) a half, free the staging
-      uint32_t it = 0;
+      uint32_t it = 0, tt = 0;
       int64_t t = seek(blockIdx.x);
       if (t < total) wg::mbar_arrive(sready);
       while (t < total) {
@@ -483,6 +498,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int64_t tn = seek(t + stride);
         for (int hf = 0; hf < 2; ++hf, ++it) {
           wg::mbar_wait_idle(sfull, it & 1u);
+          if (hf == 1 && p.ss && st == 0) {  // the consumers' 8 warp sums (before sfull), in warp order
+            const double* red = s_red + 8 + 8 * (tt & 1u);
+            double s = 0.0;
+#pragma unroll
+            for (int w = 0; w < 8; ++w) s += red[w];
+            p.ss[tile_id(p, x)] = s;
+          }
           const uint32_t na = half_bytes<BN>(p, x, own.a, hf), nb = own.has_b ? half_bytes<BN>(p, x, own.b, hf) : 0u;
           float* ga = row_ptr<BN, float>(p, x, own.a) + (BN / 2) * hf;
           float* gb = row_ptr<BN, float>(p, x, own.b) + (BN / 2) * hf;
@@ -498,6 +520,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           wg::bulk_wait_read();
           if (hf == 0 || tn < total) wg::mbar_arrive(sready);
         }
+        ++tt;
         t = tn;
       }
       wg::bulk_wait_all();
@@ -570,15 +593,24 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (Epi::kWalk && Epi::kEarly) epi.template fetch<BN>(p, x, ctid, pend);
     mainloop<C, BN, BK>(acc, x, base, full0, empty0, stage, phase, ctid, cw, lane);
     if constexpr (Epi::kWalk && !Epi::kEarly) epi.template fetch<BN>(p, x, ctid, pend);
-    if constexpr (C::kHalves) {  // (StoreEpilogue, no sums of squares: dispatch_dw checks)
+    if constexpr (C::kHalves) {  // (StoreEpilogue; sums of squares only with =: dispatch_dw checks)
+      const int nrows = static_cast<int>(p.ci - x.i0 < kBM ? p.ci - x.i0 : kBM);
+      const int ncols = static_cast<int>(p.cj - x.j0 * BN < BN ? p.cj - x.j0 * BN : BN);
+      wg::SumSq4 sq;
       wg::mbar_wait(sready, rphase);
       rphase ^= 1u;
-      stage_f32_half<BN, C::kPitch, 0>(acc, out_p, lane, warp);
+      stage_f32_half<BN, C::kPitch, 0>(acc, out_p, lane, warp, sq, p.ss != nullptr, nrows, ncols);
       wg::fence_proxy_async();
       wg::mbar_arrive(sfull);
       wg::mbar_wait(sready, rphase);
       rphase ^= 1u;
-      stage_f32_half<BN, C::kPitch, 1>(acc, out_p, lane, warp);
+      stage_f32_half<BN, C::kPitch, 1>(acc, out_p, lane, warp, sq, p.ss != nullptr, nrows, ncols);
+      if (p.ss) {  // read by store thread 0 after this tile's second sfull
+        double ss = sq.total();
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if (lane == 0) s_red[8 + 8 * (cit & 1u) + warp] = ss;
+        ++cit;
+      }
       wg::fence_proxy_async();
       wg::mbar_arrive(sfull);
       continue;
@@ -691,26 +723,29 @@ void launch_dw(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, 
   launch_dw_kernel<BN, DwT, BK>(ctx, x, dy, N, K, M, p, StoreEpilogue{}, grid, "grouped_matmul_backward");
 }
 
-// Per-tile partials of the sum of squares that dispatch_dw writes (size of the `partial` buffer).
-inline int64_t dw_tiles(int E, int64_t K, int64_t M, bool dw_bf16) {
-  const int bn = dw_bf16 ? 256 : 128;
+// Whether dispatch_dw runs an f32 gradient on 128 x 256 tiles staged in halves (see there).
+inline bool dw_f32_wide(bool accumulate, bool sums, int variant) { return !(variant & 2) && !(accumulate && sums); }
+// Per-tile partials of the sum of squares that dispatch_dw writes (size of the `partial` buffer):
+// tiles 256 wide for bf16 and, without +=, for f32 (unless variant bit 1), else 128.
+inline int64_t dw_tiles(int E, int64_t K, int64_t M, bool dw_bf16, bool accumulate = true, int variant = 0) {
+  const int bn = dw_bf16 || dw_f32_wide(accumulate, true, variant) ? 256 : 128;
   return static_cast<int64_t>(E) * ((M + kBM - 1) / kBM) * ((K + bn - 1) / bn);
 }
 // Same contract as grouped_gemm_wgmma_dw. variant (benchmark knob), bit 0 (1) = the other slab depth
 // (bf16: 32 rows / 6 stages instead of 64 / 3; f32 128 wide: 64 / 4 instead of 32 / 8; f32 256 wide:
-// 32 / 6 instead of 64 / 3), bit 1 (2) = f32 without sums of squares on 128-wide tiles too. Defaults:
-// bf16 128 x 256 tiles; f32 128 x 256 tiles staged in halves with the += as a bulk reduce-add when no
-// sums of squares are asked for (the loss head's lm_head gradient, the expert gradients of the
-// micro-batches before the last), else 128 x 128 (the sums need the stored value in registers).
+// 32 / 6 instead of 64 / 3), bit 1 (2) = f32 on 128-wide tiles always. Defaults: bf16 128 x 256 tiles;
+// f32 128 x 256 tiles staged in halves, with the += as a bulk reduce-add, except for a += with sums of
+// squares (the last micro-batch of several without the update in backward: the sums need the stored
+// value, which only the old rows' load gives), which keeps 128 x 128 tiles.
 inline void dispatch_dw(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, int E, int64_t N, int64_t K,
                         int64_t M, void* dw, bool dw_bf16, bool accumulate, double* partial, int variant) {
-  const bool deep = variant & 1, wide = partial == nullptr && !(variant & 2);
+  const bool deep = variant & 1, wide = dw_f32_wide(accumulate, partial != nullptr, variant);
   if (dw_bf16) {
     if (deep) launch_dw<256, bf16, 32>(ctx, x, dy, off, E, N, K, M, dw, accumulate, partial);
     else launch_dw<256, bf16, 64>(ctx, x, dy, off, E, N, K, M, dw, accumulate, partial);
   } else if (wide) {
-    if (deep) launch_dw<256, float, 32>(ctx, x, dy, off, E, N, K, M, dw, accumulate, nullptr);
-    else launch_dw<256, float, 64>(ctx, x, dy, off, E, N, K, M, dw, accumulate, nullptr);
+    if (deep) launch_dw<256, float, 32>(ctx, x, dy, off, E, N, K, M, dw, accumulate, partial);
+    else launch_dw<256, float, 64>(ctx, x, dy, off, E, N, K, M, dw, accumulate, partial);
   } else {
     if (deep) launch_dw<128, float, 64>(ctx, x, dy, off, E, N, K, M, dw, accumulate, partial);
     else launch_dw<128, float, 32>(ctx, x, dy, off, E, N, K, M, dw, accumulate, partial);
