@@ -1,13 +1,13 @@
 // ops::grouped_matmul_backward_adamw (optimizer.update_in_backward) on the GPU against the pair of
 // ops it replaces, grouped_matmul_backward into a gradient tensor and then adamw_step, each of
 // which has its own CPU-twin test: dx, the updated weights, moments, compute copy and the gradient's
-// sum of squares must be the same bits. Precision settings: all-bf16 (the weights are their own
-// master, updated in place after dx has read them; stochastic and nearest rounding), the default
-// (f32 gradient, master and moments, bf16 compute copy) and bf16 gradients with an f32 master; with
-// and without an earlier micro-batch's gradient; the Qwen3-30B-A3B widths with uneven routing,
-// experts without rows and unused capacity rows, plus a small odd shape. On Hopper the fused
-// epilogue kernel must take every one of these settings when forced (cuda::'s entry point), and the
-// ops:: entry (which fuses only with an f32 master) must match too.
+// sum of squares must be the same bits (the sum to f64 rounding where the two tile it differently).
+// Precision settings: all-bf16 (the weights are their own master, updated in place after dx has read
+// them; stochastic and nearest rounding), the default (f32 gradient, master and moments, bf16 compute
+// copy) and bf16 gradients with an f32 master; with and without an earlier micro-batch's gradient; the
+// Qwen3-30B-A3B widths with uneven routing, experts without rows and unused capacity rows, plus a small
+// odd shape. On Hopper the fused epilogue kernel must take every one of these settings when forced
+// (cuda::'s entry point), and the ops:: entry (which fuses only with an f32 master) must match too.
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -141,7 +141,16 @@ void run_case(const std::vector<int32_t>& counts, int64_t spare_rows, int64_t K,
   ops::adamw_step(gpu_ctx(), b.master, g, b.m, b.v, p, compute_b);
 
   const bool dx = same_bits(a.dx, b.dx), w = same_bits(a.w, b.w), mst = same_bits(a.master, b.master);
-  const bool m = same_bits(a.m, b.m), v = same_bits(a.v, b.v), ss = same_bits(a.ss, b.ss);
+  // The sums of squares: the same bits, but for an f32 gradient written (no prior), where the pair's
+  // dW sums per 128 x 256 tile and the fused kernel per 128 x 128 tile: the same f32 groups of four
+  // squares, added in f64 in another order, so they agree to f64 rounding.
+  auto sums_agree = [&] {
+    if (same_bits(a.ss, b.ss)) return true;
+    if (pr.grad == DType::kBF16 || with_prior) return false;
+    const double sa = a.ss.to(Device::cpu()).data<double>()[0], sb = b.ss.to(Device::cpu()).data<double>()[0];
+    return std::isfinite(sa) && std::isfinite(sb) && std::fabs(sa - sb) <= 1e-12 * std::fabs(sb);
+  };
+  const bool m = same_bits(a.m, b.m), v = same_bits(a.v, b.v), ss = sums_agree();
   EXPECT_TRUE(dx) << "dx " << tag;
   EXPECT_TRUE(w) << "weights " << tag;
   EXPECT_TRUE(mst) << "master " << tag;

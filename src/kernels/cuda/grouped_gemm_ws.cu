@@ -557,7 +557,7 @@ void grouped_gemm_ws_dw(Context& ctx, const __nv_bfloat16* x, const __nv_bfloat1
   // MT_DW_F32_WIDE (read once; benchmarks): 0 keeps f32 gradients on the 128-wide tiles (dispatch_dw's
   // variant bit 1), same values (the sums of squares in another order).
   static const int variant = env_int("MT_DW_F32_WIDE", 1) == 0 ? 2 : 0;
-  const int64_t tiles = gwd::dw_tiles(E, K, M, dw_bf16, accumulate, variant);
+  const int64_t tiles = gwd::dw_tiles(E, K, M, gwd::dw_sums_tile_cols(dw_bf16, accumulate, variant));
   Tensor partial;
   double* part = nullptr;
   if (sum_squares) {

@@ -2,8 +2,8 @@
 // Warp 0 loads dy / x k-slabs with TMA into an mbarrier ring; two consumer warpgroups run wgmma on a
 // 128 x BN tile, round it (+ the old dw) into a shared staging tile and sum the squares of their
 // fragments (fp64 per warp); warps 1-3 ("store warps") write the tile with per-row bulk copies under
-// the next tile's mainloop, and their thread 0 adds the 8 warp sums in order. An f32 dw without sums
-// of squares takes 128 x 256 tiles staged in two halves, its += a bulk reduce-add (Cfg::kHalves).
+// the next tile's mainloop, and their thread 0 adds the 8 warp sums in order. An f32 dw takes 128 x 256
+// tiles staged in two halves, its += a bulk reduce-add (Cfg::kHalves), but for a += with sums of squares.
 // Epi (the epilogue policy) says what else a staged tile gets: StoreEpilogue here, AdamW elsewhere.
 #pragma once
 #include <cuda.h>
@@ -30,8 +30,8 @@ struct Cfg {
   static constexpr int kABytes = 2 * kBlock;
   static constexpr int kStageBytes = kABytes + (BN / 64) * kBlock;
   // kHalves: an f32 tile 256 wide is staged as two 128-column halves, one after the other (a whole
-  // one, 132 KB, leaves no room for the ring); only for dispatch_dw without sums of squares, whose
-  // += the store warps do as a bulk reduce-add (see stage_f32_half).
+  // one, 132 KB, leaves no room for the ring); only for dispatch_dw (StoreEpilogue), whose += the store
+  // warps then do as a bulk reduce-add, so not for a += with sums of squares (see stage_f32_half).
   static constexpr bool kHalves = sizeof(DwT) == 4 && BN == 256;
   static constexpr int kStageCols = kHalves ? BN / 2 : BN;
   static constexpr int kPitch = kStageCols * static_cast<int>(sizeof(DwT)) + (sizeof(DwT) == 4 ? 32 : 16);
@@ -725,10 +725,12 @@ void launch_dw(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, 
 
 // Whether dispatch_dw runs an f32 gradient on 128 x 256 tiles staged in halves (see there).
 inline bool dw_f32_wide(bool accumulate, bool sums, int variant) { return !(variant & 2) && !(accumulate && sums); }
-// Per-tile partials of the sum of squares that dispatch_dw writes (size of the `partial` buffer):
-// tiles 256 wide for bf16 and, without +=, for f32 (unless variant bit 1), else 128.
-inline int64_t dw_tiles(int E, int64_t K, int64_t M, bool dw_bf16, bool accumulate = true, int variant = 0) {
-  const int bn = dw_bf16 || dw_f32_wide(accumulate, true, variant) ? 256 : 128;
+// The width of dispatch_dw's tiles with sums of squares: 256, or 128 for f32 on the old tiles.
+inline int dw_sums_tile_cols(bool dw_bf16, bool accumulate, int variant) {
+  return dw_bf16 || dw_f32_wide(accumulate, true, variant) ? 256 : 128;
+}
+// Per-tile partials of the sum of squares over [E, M, K] in 128 x bn tiles (size of the `partial` buffer).
+inline int64_t dw_tiles(int E, int64_t K, int64_t M, int bn) {
   return static_cast<int64_t>(E) * ((M + kBM - 1) / kBM) * ((K + bn - 1) / bn);
 }
 // Same contract as grouped_gemm_wgmma_dw. variant (benchmark knob), bit 0 (1) = the other slab depth

@@ -404,8 +404,9 @@ inline bool aligned16(const void* q) { return (reinterpret_cast<uintptr_t>(q) & 
 
 }  // namespace dwa
 
-// Size of the per-tile sum-of-squares buffer dispatch_dw_adamw writes (dispatch_dw's tiling).
-inline int64_t dw_adamw_tiles(int E, int64_t K, int64_t M, bool grad_bf16) { return dw_tiles(E, K, M, grad_bf16); }
+// Size of the per-tile sum-of-squares buffer dispatch_dw_adamw writes (its tiles: 256 wide for a bf16
+// g, 128 for f32).
+inline int64_t dw_adamw_tiles(int E, int64_t K, int64_t M, bool grad_bf16) { return dw_tiles(E, K, M, grad_bf16 ? 256 : 128); }
 
 // Whether dispatch_dw_adamw takes this problem (else the caller runs dispatch_dw + adamw).
 inline bool dw_adamw_supported(const Context& ctx, int E, int64_t N, int64_t K, int64_t M, const DwAdamWArgs& a) {
@@ -421,7 +422,8 @@ inline bool dw_adamw_supported(const Context& ctx, int E, int64_t N, int64_t K, 
 // dW of the experts (as dispatch_dw: x [N, K], dy [N, M], offsets [E+1] on the device) and the AdamW
 // update of the [E, M, K] expert tensors from it, bit-identical to dispatch_dw(..., grad, grad_bf16,
 // prior != null, partial, 0) followed by adamw_kernel over the stored grad. partial (or null): per-tile
-// fp64 sums of squares of the stored-dtype g, dw_adamw_tiles entries, the same values as dispatch_dw's.
+// fp64 sums of squares of the stored-dtype g, dw_adamw_tiles entries: dispatch_dw's values where it tiles
+// alike (a bf16 g, or an f32 g with a prior); an f32 g written, dispatch_dw sums per 128 x 256 tile.
 // Returns false (launching nothing) when dw_adamw_supported is false. variant (benchmark knob): bit 2
 // (4) = the other walk depth (default: 2 vectors per thread in flight, measured fastest on H100;
 // other: 4 for all-bf16, 1 for f32); bit 3 (8) = fetch a tile's first w, m, v after its mainloop
