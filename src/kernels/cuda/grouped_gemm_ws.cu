@@ -556,7 +556,11 @@ void grouped_gemm_ws_dw(Context& ctx, const __nv_bfloat16* x, const __nv_bfloat1
                         int64_t N, int64_t K, int64_t M, void* dw, bool dw_bf16, bool accumulate, double* sum_squares) {
   // MT_DW_F32_WIDE (read once; benchmarks): 0 keeps f32 gradients on the 128-wide tiles (dispatch_dw's
   // variant bit 1), same values (the sums of squares in another order).
-  static const int variant = env_int("MT_DW_F32_WIDE", 1) == 0 ? 2 : 0;
+  static const int variant = [] {
+    const long v = env_int("MT_DW_F32_WIDE", 1);
+    MT_CHECK(v == 0 || v == 1, "[grouped_matmul_backward] MT_DW_F32_WIDE={}: expected 0 or 1", v);
+    return v == 0 ? 2 : 0;
+  }();
   const int64_t tiles = gwd::dw_tiles(E, K, M, gwd::dw_sums_tile_cols(dw_bf16, accumulate, variant));
   Tensor partial;
   double* part = nullptr;
