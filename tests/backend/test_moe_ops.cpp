@@ -273,7 +273,9 @@ TEST(Backend, GroupedMatmul) {
       // same values: the summation order differs, and the Hopper epilogue adds groups of four squares
       // in f32, a relative error below 2e-7) and against the CPU op's sum.
       if (dt == DType::kBF16) {
-        Tensor f32_written;  // the f32 gradient written with sums of squares (on Hopper: 128 x 128 tiles)
+        // The f32 gradient written with sums of squares (on Hopper: 128 x 256 tiles staged in halves), and
+        // added with them (the one f32 case still on 128 x 128 tiles, whose store warps load the old rows).
+        Tensor f32_written, f32_added_narrow;
         for (DType gdt : {DType::kF32, DType::kBF16}) {
           for (bool acc : {false, true}) {
             const std::string what = std::string(acc ? "dw += " : "dw overwrite ") + dt_name(gdt) + " " + tg;
@@ -290,14 +292,14 @@ TEST(Backend, GroupedMatmul) {
             check_scalar("grouped_matmul_backward", "sum of squares, fused vs sum_squares, " + what, fused, reread, 1e-6);
             check_scalar("grouped_matmul_backward", "sum of squares vs CPU, " + what, fused,
                          ssc.data<double>()[0] - 0.5, gdt == DType::kBF16 ? 2 * kTolBf16 : 1e-4);
-            if (gdt == DType::kF32 && !acc) f32_written = dwo.gpu.to(Device::cpu());
+            if (gdt == DType::kF32) (acc ? f32_added_narrow : f32_written) = dwo.gpu.to(Device::cpu());
           }
         }
-        // An f32 gradient without sums of squares (on Hopper: 128 x 256 tiles staged in two halves,
-        // the += a bulk reduce-add done in L2). Written, it must equal the gradient written with sums
-        // of squares above bit for bit (the same products added in the same order per element; the
-        // CPU check is there); +=, the f32 sum of the old values and the written ones (one rounding an
-        // element, as the load-add-store of the other paths; the random values here have no subnormal
+        // An f32 gradient without sums of squares (on Hopper: the same 128 x 256 tiles, the += a bulk
+        // reduce-add done in L2). Written, it must equal the one written with sums above bit for bit. +=,
+        // it must equal bit for bit both the f32 sum of the old values and the written ones (one rounding
+        // an element) and the += with sums above, which loads and adds the old rows on the other tiles:
+        // the two tilings and the two ways of adding agree (the random values here have no subnormal
         // sums, which the reduce-add may flush to zero).
         {
           Pair dwo = output({E, c.M, c.K}, DType::kF32);
@@ -311,6 +313,8 @@ TEST(Backend, GroupedMatmul) {
           for (int64_t i = 0; i < sum.numel(); ++i) sum.data<float>()[i] = init[i] + f32_written.data<float>()[i];
           check_exact("grouped_matmul_backward", "dw += f32, no sums of squares, = old + written " + tg,
                       Pair{sum, dwa.gpu});
+          check_exact("grouped_matmul_backward", "dw += f32, no sums of squares, = += with them " + tg,
+                      Pair{f32_added_narrow, dwa.gpu});
         }
       }
     }
