@@ -149,9 +149,9 @@ Problem skewed(int64_t K, int64_t M) {
   return from_counts(counts, 32768, K, M);
 }
 
-// impl 0: wgmma (cp.async, the current kernel); 1..4: ws variants (see grouped_gemm_ws.cuh).
+// impl 0: wgmma (cp.async, the current kernel); 1..6: ws variants (see grouped_gemm_ws.cuh).
 const char* impl_name(int im) {
-  static const char* n[] = {"wgmma", "ws-coop", "ws-coop-c2", "ws-ping", "ws-ping-c2", "ws-coop-rowmaj"};
+  static const char* n[] = {"wgmma", "ws-coop", "ws-coop-c2", "ws-ping", "ws-ping-c2", "ws-coop-rowmaj", "ws-tall"};
   return n[im];
 }
 void run(Context& ctx, int im, bool dx, Problem& p) {
@@ -284,7 +284,7 @@ int main(int argc, char** argv) {
   ctx.facts_.cc_minor = prop.minor;
   std::printf("device %s, %d SMs, cc %d.%d, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.major, prop.minor,
               prop.l2CacheSize >> 20);
-  const int impls[] = {1, 2, 3, 4, 5};
+  const int impls[] = {1, 2, 3, 4, 5, 6};
   const std::string part = argc > 2 ? argv[2] : "all";  // "edges", "shapes" or "all"
   std::vector<std::string> table;
 
@@ -306,6 +306,27 @@ int main(int argc, char** argv) {
       p.release();
     }
     CK(cudaDeviceSynchronize());
+    return 0;
+  }
+  if (part == "tall") {  // cooperative against tall tiles on three routings, alternating, timings only
+    std::vector<int64_t> flat(128, 256);
+    for (int r = 0; r < 2; ++r)
+      for (const char* route : {"even", "skew", "flat256"})
+        for (const int64_t K : {2048, 768}) {
+          const int64_t M = K == 2048 ? 1536 : 2048;
+          Problem p = std::strcmp(route, "even") == 0   ? routed(4096, 8, 128, K, M, 42)
+                      : std::strcmp(route, "skew") == 0 ? skewed(K, M)
+                                                        : from_counts(flat, 32768, K, M);
+          p.alloc(7);
+          const double f = 2.0 * p.N * p.K * p.M;
+          for (bool dx : {false, true})
+            for (int im : {1, 6, 2}) {
+              const double ms = median_ms([&] { run(ctx, im, dx, p); }, reps);
+              std::printf("| %d | %-7s | %-9s | %-4s | %-14s | %8.3f | %6.0f |\n", r, route,
+                          K == 2048 ? "gate_up" : "down", dx ? "dx" : "fwd", impl_name(im), ms, f / ms / 1e9);
+            }
+          p.release();
+        }
     return 0;
   }
   if (part != "shapes") std::printf("== edge cases (every row) ==\n");
@@ -369,7 +390,7 @@ int main(int argc, char** argv) {
     CK(cudaFree(old));
     const double f = 2.0 * p.N * p.K * p.M;
     for (bool dx : {false, true})
-      for (int im : {0, 1, 2, 3, 4, 5, 0, 1}) {  // wgmma and ws-coop twice: the spread of one version
+      for (int im : {0, 1, 2, 6, 3, 4, 5, 0, 1, 6}) {  // wgmma, ws-coop, ws-tall twice: the spread of one version
         const double ms = median_ms([&] { run(ctx, im, dx, p); }, reps);
         char b[200];
         std::snprintf(b, sizeof b, "| %-20s | %-4s | %-11s | %8.3f | %6.0f |", s.name, dx ? "dx" : "fwd",

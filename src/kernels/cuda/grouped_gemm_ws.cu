@@ -4,10 +4,12 @@
 // of stages guarded by full / empty mbarriers; two consumer warpgroups run wgmma m64n256k16 from
 // shared memory, stage their bf16 tile in shared memory (stmatrix) and write the expert's rows with
 // one bulk copy per row. A persistent scheduler walks units (expert, column tile, row block) from an
-// on-device prefix of the offsets. Knobs (benchmarks): pingpong warpgroups, 2-CTA W multicast.
+// on-device prefix of the offsets. Knobs (benchmarks): pingpong warpgroups, 2-CTA W multicast, tall
+// 256 x 192 tiles (each warpgroup 128 x 192 on two m64n192k16 accumulators).
 #include <cuda.h>  // CUtensorMap and its enums only: the encoder comes from the runtime's entry point
 
 #include <cub/block/block_scan.cuh>
+#include <type_traits>
 
 #include "core/env.h"
 #include "kernels/cuda/common.cuh"
@@ -21,32 +23,40 @@ namespace moetrain::cuda {
 namespace gws {
 
 using bf16 = __nv_bfloat16;
-constexpr int kBN = 256, kBK = 64, kMaxE = 1024, kThreads = 384;
+constexpr int kBK = 64, kMaxE = 1024, kThreads = 384;
 enum Mode : int { kFwd = 0, kDx = 1 };
 // kCoop: both consumer warpgroups share one 128 x 256 tile (64 rows each). kPing: each warpgroup
-// takes every other 64 x 256 tile, so one's epilogue overlaps the other's mainloop.
-enum Sched : int { kCoop = 0, kPing = 1 };
+// takes every other 64 x 256 tile, so one's epilogue overlaps the other's mainloop. kTall: both share
+// one 256 x 192 tile (128 rows each, two m64n192 accumulators): 112 FLOP per operand byte read from L2
+// against the 128 x 256 tile's 85, at 192 accumulator registers a thread instead of 128.
+enum Sched : int { kCoop = 0, kPing = 1, kTall = 2 };
 
-// Shared memory: kStages x (A rows x 64 k | W 256 x 64 k), then a staging tile of 64 rows per
-// consumer warpgroup (the epilogue: its bulk row stores run on under the next mainloop), barriers,
-// offsets [E+1] and the row-block prefix [E+1].
+// Shared memory: kStages x (A rows x 64 k | W kBN x 64 k), then a staging tile of 64 rows per
+// consumer warpgroup (the epilogue: its bulk row stores run on under the next mainloop; a tall
+// warpgroup stages its 128 rows in two rounds), barriers, offsets [E+1] and the row-block prefix [E+1].
 template <int kSched, int kCluster>
 struct Cfg {
-  static constexpr int kRows = kSched == kCoop ? 128 : 64;  // A rows per stage = rows per CTA per unit
+  static constexpr int kBN = kSched == kTall ? 192 : 256;  // output columns per unit
+  // A rows per stage = rows per CTA per unit; rows per consumer warpgroup (64 per accumulator).
+  static constexpr int kRows = kSched == kCoop ? 128 : kSched == kTall ? 256 : 64;
+  static constexpr int kWgRows = kSched == kTall ? 128 : 64;
+  static constexpr int kAccs = kWgRows / 64;
+  // Experts the shared offsets hold: the tall tile's stages need the 4 KB that 512 more would take.
+  static constexpr int kMaxExperts = kSched == kTall ? 512 : kMaxE;
   static constexpr int kABytes = kRows * kBK * 2;
-  static constexpr int kBBytes = kBN * kBK * 2;  // 32 KB
+  static constexpr int kBBytes = kBN * kBK * 2;  // 32 KB (24 KB tall)
   static constexpr int kStageBytes = kABytes + kBBytes;
   static constexpr int kPitch = kBN * 2 + 16;                 // staging row: 16-byte skew, stmatrix conflict free
   static constexpr int kEpiBytes = 2 * 64 * kPitch;
-  static constexpr int kFixed = 1024 + kEpiBytes + 128 + 2 * (kMaxE + 1) * 4;  // alignment, staging, barriers, offsets
-  static constexpr int kStages = (227 * 1024 - kFixed) / kStageBytes;  // 3 (coop 48 KB, ping 40 KB)
+  static constexpr int kFixed = 1024 + kEpiBytes + 128 + 2 * (kMaxExperts + 1) * 4;  // alignment, staging, barriers, offsets
+  static constexpr int kStages = (227 * 1024 - kFixed) / kStageBytes;  // 3 (coop 48 KB, ping 40 KB, tall 56 KB)
   static constexpr int kEpiOff = kStages * kStageBytes;
   static constexpr int kBarOff = kEpiOff + kEpiBytes;
   // full[kStages], empty[kStages], turn[2] (pingpong hand-over), then offsets and unit prefix.
-  static constexpr int kSmem = 1024 + kBarOff + (2 * kStages + 2) * 8 + 2 * (kMaxE + 1) * 4;
+  static constexpr int kSmem = 1024 + kBarOff + (2 * kStages + 2) * 8 + 2 * (kMaxExperts + 1) * 4;
   static_assert((2 * kStages + 2) * 8 <= 128, "barrier space");
   // One arrival per consumer warp that reads a stage, from each CTA of the cluster.
-  static constexpr int kEmptyCount = (kSched == kCoop ? 8 : 4) * kCluster;
+  static constexpr int kEmptyCount = (kSched == kPing ? 4 : 8) * kCluster;
   static_assert(kStages >= 3, "fewer than 3 stages");
   static_assert(kSmem <= 227 * 1024, "stages do not fit in shared memory");
 };
@@ -55,7 +65,7 @@ struct Params {
   const int32_t* off;  // [E+1], device
   bf16* c;             // [N, cols]
   int E;
-  int ncol;    // column tiles of kBN
+  int ncol;    // column tiles of Cfg::kBN
   int order;   // units inside an expert: 0 = (column tile, row block), 1 = (row block, column tile)
   int ksteps;  // ceil(reduction / kBK)
   int64_t N, cols;
@@ -174,14 +184,14 @@ __device__ __forceinline__ Unit decode(const Params& p, const int32_t* s_off, co
   return x;
 }
 
-// Epilogue of one consumer warpgroup: its 64 x 256 fp32 fragments (warp w, lane l: rows 16 w + l/4
-// (+8), columns 8 i + 2 (l % 4) (+1)) -> bf16 staging tile at `stg` (kPitch-byte rows) by stmatrix,
+// Epilogue of one consumer warpgroup's 64 rows: its 64 x kBN fp32 fragments (warp w, lane l: rows
+// 16 w + l/4 (+8), columns 8 i + 2 (l % 4) (+1)) -> bf16 staging tile at `stg` (kPitch-byte rows) by stmatrix,
 // then thread t < 64 bulk-copies row t when r0 + t < rend, clipped to the output's columns: rows of
 // the next expert are never written. Thread t owns staging row t for every store, so its wait for
 // the previous store's read, then the warpgroup barrier `bar`, make the tile free again.
-template <int kPitch>
+template <int kBN, int kPitch>
 __device__ __forceinline__ void store_rows(const Params& p, uint32_t stg, int bar, int r0, int rend, int j,
-                                           const float (&acc)[128]) {
+                                           const float (&acc)[kBN / 2]) {
   const int wtid = threadIdx.x & 127, lane = threadIdx.x & 31, q = lane >> 3;
   if (wtid < 64) wg::bulk_wait_read();
   named_sync(bar);
@@ -220,7 +230,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t base = (raw + 1023u) & ~1023u;  // same offset in every CTA: multicast targets match
   const uint32_t full0 = base + C::kBarOff, empty0 = full0 + kS * 8, turn0 = empty0 + kS * 8;
   int32_t* s_off = reinterpret_cast<int32_t*>(smem_raw + (base - raw) + C::kBarOff + (2 * kS + 2) * 8);
-  int32_t* s_ts = s_off + (kMaxE + 1);
+  int32_t* s_ts = s_off + (C::kMaxExperts + 1);
   const int tid = threadIdx.x;
   const int rank = kCluster > 1 ? static_cast<int>(cluster_rank()) : 0;
   for (int i = tid; i <= p.E; i += kThreads) s_off[i] = p.off[i];
@@ -270,22 +280,39 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (tid == 0) {
       // The W boxes of unit x's k step that this CTA issues: fn(shared offset in the B tile, c0, c1).
       // fwd: 256 rows of M x 64 K as two 128-row boxes; dx: 64 rows of M x 256 K as four 64-column
-      // boxes (the MN-major blocks). With clusters each CTA issues its half and multicasts it. Boxes
-      // wholly past the last column are skipped: those columns are never stored.
+      // boxes (the MN-major blocks). With clusters each CTA issues its half and multicasts it. Tall
+      // tiles: three 64-row (fwd) or 64-column (dx) boxes. Boxes wholly past the last column are
+      // skipped: those columns are never stored.
       auto for_each_b = [&](const Unit& x, int k, auto&& fn) {
-        if constexpr (kMode == kFwd) {
+        if constexpr (kSched == kTall) {
+#pragma unroll
+          for (int b = 0; b < 3; ++b) {
+            const int c = x.j * C::kBN + b * 64;
+            if (c < p.cols) {
+              if constexpr (kMode == kFwd) fn(b * 8192, k * kBK, c);
+              else fn(b * 8192, c, k * kBK);
+            }
+          }
+        } else if constexpr (kMode == kFwd) {
 #pragma unroll
           for (int h = 0; h < 2; ++h)
-            if ((kCluster == 1 || h == rank) && x.j * kBN + h * 128 < p.cols) fn(h * 16384, k * kBK, x.j * kBN + h * 128);
+            if ((kCluster == 1 || h == rank) && x.j * C::kBN + h * 128 < p.cols)
+              fn(h * 16384, k * kBK, x.j * C::kBN + h * 128);
         } else {
 #pragma unroll
           for (int b = 0; b < 4; ++b)
-            if ((kCluster == 1 || (b >> 1) == rank) && x.j * kBN + b * 64 < p.cols) fn(b * 8192, x.j * kBN + b * 64, k * kBK);
+            if ((kCluster == 1 || (b >> 1) == rank) && x.j * C::kBN + b * 64 < p.cols)
+              fn(b * 8192, x.j * C::kBN + b * 64, k * kBK);
         }
       };
       // Bytes that land in this CTA's stage: A (unless it has no rows) and every W box of the cluster.
+      // Tall tiles load A as two 128-row boxes, the second only when the unit has rows past its first 128.
       auto stage_bytes = [&](const Unit& x) {
-        const int64_t left = p.cols - static_cast<int64_t>(x.j) * kBN;
+        const int64_t left = p.cols - static_cast<int64_t>(x.j) * C::kBN;
+        if constexpr (kSched == kTall) {
+          const int boxes = static_cast<int>(left >= 192 ? 3 : (left + 63) / 64);
+          return static_cast<uint32_t>((x.rb < x.re ? 16384 : 0) + (x.rb + 128 < x.re ? 16384 : 0) + boxes * 8192);
+        }
         const int boxes = kMode == kFwd ? (left > 128 ? 2 : 1) : static_cast<int>(left >= 256 ? 4 : (left + 63) / 64);
         return static_cast<uint32_t>((x.rb < x.re ? C::kABytes : 0) + boxes * (C::kBBytes / (kMode == kFwd ? 2 : 4)));
       };
@@ -299,6 +326,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           const uint32_t full = full0 + 8 * stage, sa = base + stage * C::kStageBytes, sb = sa + C::kABytes;
           wg::mbar_arrive_tx(full, bytes);
           if (x.rb < x.re) tma_load_2d(sa, &map_a, k * kBK, x.rb, full);
+          if (kSched == kTall && x.rb + 128 < x.re) tma_load_2d(sa + 16384, &map_a, k * kBK, x.rb + 128, full);
           for_each_b(x, k, [&](int off, int c0, int c1) {
             if constexpr (kCluster == 1) tma_load_3d(sb + off, &map_b, c0, c1, x.e, full);
             else tma_load_3d_mc(sb + off, &map_b, c0, c1, x.e, full, (1u << kCluster) - 1);
@@ -324,9 +352,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     int stage = 0;
     uint32_t phase = 0, tphase = 0;
-    float acc[128];
+    // kAccs accumulators of 64 rows x kBN columns: one (128 registers) or, tall, two (96 each).
+    float acc[C::kAccs][C::kBN / 2];
 #pragma unroll
-    for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
+    for (int a = 0; a < C::kAccs; ++a)
+#pragma unroll
+      for (int i = 0; i < C::kBN / 2; ++i) acc[a][i] = 0.0f;
     int64_t it = 0;
     for (int64_t u = first; u < utotal; u += step, ++it) {
       if constexpr (kSched == kPing) {
@@ -344,49 +375,77 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
       const Unit x = decode<C::kRows, kCluster>(p, s_off, s_ts, u, rank);
-      const int r0 = __shfl_sync(0xffffffffu, x.rb + (kSched == kCoop ? 64 * cw : 0), 0);
-      const int re = __shfl_sync(0xffffffffu, x.re, 0);
-      const uint32_t aoff = kSched == kCoop ? cw * 8192 : 0;
+      // Rows of this warpgroup: tall units of at most 128 rows are split 64 / 64 like cooperative
+      // ones (one accumulator each), so that both warpgroups work on them.
+      const int rb = __shfl_sync(0xffffffffu, x.rb, 0), re = __shfl_sync(0xffffffffu, x.re, 0);
+      const int wg_rows = kSched == kTall && re - rb <= 128 ? 64 : C::kWgRows;
+      const int r0 = rb + (kSched == kPing ? 0 : wg_rows * cw);
+      const uint32_t aoff = kSched == kPing ? 0 : cw * (wg_rows * 128);
+      // Tall: whether this warpgroup's second 64 rows hold any of the unit's rows (else that
+      // accumulator's wgmma and stores are skipped). Warp-uniform: r0 and re come from lane 0.
+      const bool second = C::kAccs > 1 && wg_rows > 64 && r0 + 64 < re;
       auto advance = [&]() {
         if (++stage == kS) {
           stage = 0;
           phase ^= 1u;
         }
       };
-      auto mma_step = [&](int k) {  // the 4 wgmma of one k step on the current stage, committed
+      auto fence_acc = [&]() {
+#pragma unroll
+        for (int a = 0; a < C::kAccs; ++a) wg::fence_regs(acc[a]);
+      };
+      // The wgmma of one k step on the current stage (4 per accumulator used), committed. nacc: the
+      // accumulators used, a compile-time count (a run-time test between the wgmma makes ptxas add
+      // warpgroup arrives around them).
+      auto mma_step = [&](auto nacc, int k) {
         const uint32_t sa = base + stage * C::kStageBytes + aoff, sb = base + stage * C::kStageBytes + C::kABytes;
-        wg::fence_regs(acc);
+        fence_acc();
         wg::wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kBK / 16; ++kk) {
-          const uint64_t da = wg::smem_desc(sa + kk * 32, 16, 1024);
           const uint64_t db = kMode == kFwd ? wg::smem_desc(sb + kk * 32, 16, 1024)
                                             : wg::smem_desc(sb + kk * 2048, 8192, 1024);
-          wg::wgmma_m64n256k16<0, kMode == kFwd ? 0 : 1>(acc, da, db, (k > 0 || kk > 0) ? 1 : 0);
+#pragma unroll
+          for (int a = 0; a < decltype(nacc)::value; ++a) {
+            const uint64_t da = wg::smem_desc(sa + a * 8192 + kk * 32, 16, 1024);
+            constexpr int kTB = kMode == kFwd ? 0 : 1;
+            const int scale = (k > 0 || kk > 0) ? 1 : 0;
+            if constexpr (C::kBN == 256) wg::wgmma_m64n256k16<0, kTB>(acc[a], da, db, scale);
+            else wg::wgmma_m64n192k16<0, kTB>(acc[a], da, db, scale);
+          }
         }
         wg::wgmma_commit();
       };
-      if (r0 < re) {
-        // One wgmma group stays in flight: step k's stage is released once step k + 1 is issued.
+      // One wgmma group stays in flight: step k's stage is released once step k + 1 is issued.
+      auto mainloop = [&](auto nacc) {
         wg::mbar_wait(full0 + 8 * stage, phase);
-        mma_step(0);
+        mma_step(nacc, 0);
         int prev = stage;
         advance();
         for (int k = 1; k < p.ksteps; ++k) {
           wg::mbar_wait(full0 + 8 * stage, phase);
-          mma_step(k);
+          mma_step(nacc, k);
           wg::wgmma_wait<1>();
-          wg::fence_regs(acc);
+          fence_acc();
           release(prev);
           prev = stage;
           advance();
         }
+        return prev;
+      };
+      if (r0 < re) {
+        const int prev = second ? mainloop(std::integral_constant<int, C::kAccs>{})
+                                : mainloop(std::integral_constant<int, 1>{});
         if constexpr (kSched == kPing) mbar_arrive_lane0(turn0 + 8 * (1 - cw), lane);
         wg::wgmma_wait<0>();
-        wg::fence_regs(acc);
+        fence_acc();
         release(prev);
-        store_rows<C::kPitch>(p, base + C::kEpiOff + cw * 64 * C::kPitch, 1 + cw, r0, re,
-                              __shfl_sync(0xffffffffu, x.j, 0), acc);
+        const int j = __shfl_sync(0xffffffffu, x.j, 0);
+#pragma unroll
+        for (int a = 0; a < C::kAccs; ++a)
+          if (a == 0 || second)
+            store_rows<C::kBN, C::kPitch>(p, base + C::kEpiOff + cw * 64 * C::kPitch, 1 + cw, r0 + 64 * a, re, j,
+                                          acc[a]);
       } else {  // no rows for this warpgroup: pass the stages on
         for (int k = 0; k < p.ksteps; ++k) {
           wg::mbar_wait(full0 + 8 * stage, phase);
@@ -464,18 +523,18 @@ void launch(Context& ctx, const bf16* a, const bf16* w, const int32_t* off, int 
   if (N <= 0) return;
   const cuuint64_t da[2] = {static_cast<cuuint64_t>(red), static_cast<cuuint64_t>(N)};
   const cuuint64_t sa[1] = {static_cast<cuuint64_t>(red) * 2};
-  const cuuint32_t ba[2] = {kBK, C::kRows};
+  const cuuint32_t ba[2] = {kBK, kSched == kTall ? 128 : C::kRows};  // tall: two 128-row boxes
   const CUtensorMap map_a = make_map(a, 2, da, sa, ba);
   const cuuint64_t db[3] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(M), static_cast<cuuint64_t>(E)};
   const cuuint64_t sb[2] = {static_cast<cuuint64_t>(K) * 2, static_cast<cuuint64_t>(M * K) * 2};
-  const cuuint32_t bfwd[3] = {kBK, 128, 1}, bdx[3] = {64, kBK, 1};
+  const cuuint32_t bfwd[3] = {kBK, kSched == kTall ? 64u : 128u, 1}, bdx[3] = {64, kBK, 1};
   const CUtensorMap map_b = make_map(w, 3, db, sb, kMode == kFwd ? bfwd : bdx);
 
   Params p{};
   p.off = off;
   p.c = out;
   p.E = E;
-  p.ncol = static_cast<int>((cols + kBN - 1) / kBN);
+  p.ncol = static_cast<int>((cols + C::kBN - 1) / C::kBN);
   p.order = order;
   p.ksteps = static_cast<int>((red + kBK - 1) / kBK);
   p.N = N;
@@ -529,6 +588,10 @@ void dispatch(Context& ctx, const bf16* a, const bf16* w, const int32_t* off, in
     case 3: launch<kMode, kPing, 1>(ctx, a, w, off, E, N, K, M, out, op); break;
     case 4: launch<kMode, kPing, 2>(ctx, a, w, off, E, N, K, M, out, op); break;
     case 5: launch<kMode, kCoop, 1>(ctx, a, w, off, E, N, K, M, out, op, 1); break;
+    case 6:  // tall tiles hold the offsets of at most 512 experts in shared memory
+      if (E <= Cfg<kTall, 1>::kMaxExperts) launch<kMode, kTall, 1>(ctx, a, w, off, E, N, K, M, out, op);
+      else launch<kMode, kCoop, 1>(ctx, a, w, off, E, N, K, M, out, op);
+      break;
     default: launch<kMode, kCoop, 1>(ctx, a, w, off, E, N, K, M, out, op); break;
   }
 }

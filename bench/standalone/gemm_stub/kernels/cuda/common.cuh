@@ -1,5 +1,6 @@
 // Stand-in for src/kernels/cuda/common.cuh in the standalone GEMM harness: stream_of, check_launch,
-// MT_CUDA_CHECK, MT_CHECK and a never-freed device scratch buffer, without fmt or the project libraries.
+// MT_CUDA_CHECK, MT_CHECK and a never-freed device scratch buffer, without fmt or the project libraries
+// (plus src's pdl.cuh, which the kernels call first).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -9,6 +10,7 @@
 #include <cstdlib>
 
 #include "core/context.h"
+#include "kernels/cuda/pdl.cuh"  // the real one (no project dependencies): pdl_wait, pdl_attribute
 
 #define MT_CUDA_CHECK(call)                                                                       \
   do {                                                                                            \
