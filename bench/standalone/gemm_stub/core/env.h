@@ -1,16 +1,11 @@
-// Stand-in for src/core/env.h in the standalone GEMM harnesses: env_int and env_string read the
-// variable with getenv, without the project library (src/core/env.cpp) behind the real header.
+// Stand-in for src/core/env.h in the standalone GEMM harnesses: env_int (what the kernels call) reads
+// the variable with getenv, without the project library (src/core/env.cpp) behind the real header.
 #pragma once
 #include <cstdio>
 #include <cstdlib>
-#include <string>
 
 namespace moetrain {
 
-inline std::string env_string(const char* name, const std::string& fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::string(v) : fallback;
-}
 inline long env_int(const char* name, long fallback) {
   const char* v = std::getenv(name);
   if (!v || !*v) return fallback;
