@@ -151,7 +151,7 @@ Problem skewed(int64_t K, int64_t M) {
 
 // impl 0: wgmma (cp.async, the current kernel); 1..6: ws variants (see grouped_gemm_ws.cuh).
 const char* impl_name(int im) {
-  static const char* n[] = {"wgmma", "ws-coop", "ws-coop-c2", "ws-ping", "ws-ping-c2", "ws-coop-rowmaj", "ws-tall"};
+  static const char* n[] = {"wgmma", "ws-coop", "ws-coop-c2", "ws-ping", "ws-ping-c2", "ws-coop-rowmaj", "ws-tall", "ws-coop-dyn", "ws-tall-dyn"};
   return n[im];
 }
 void run(Context& ctx, int im, bool dx, Problem& p) {
@@ -284,7 +284,7 @@ int main(int argc, char** argv) {
   ctx.facts_.cc_minor = prop.minor;
   std::printf("device %s, %d SMs, cc %d.%d, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.major, prop.minor,
               prop.l2CacheSize >> 20);
-  const int impls[] = {1, 2, 3, 4, 5, 6};
+  const int impls[] = {1, 2, 3, 4, 5, 6, 7, 8};
   const std::string part = argc > 2 ? argv[2] : "all";  // "edges", "shapes" or "all"
   std::vector<std::string> table;
 
@@ -320,7 +320,7 @@ int main(int argc, char** argv) {
           p.alloc(7);
           const double f = 2.0 * p.N * p.K * p.M;
           for (bool dx : {false, true})
-            for (int im : {1, 6, 2}) {
+            for (int im : {1, 7, 6, 8, 2}) {
               const double ms = median_ms([&] { run(ctx, im, dx, p); }, reps);
               std::printf("| %d | %-7s | %-9s | %-4s | %-14s | %8.3f | %6.0f |\n", r, route,
                           K == 2048 ? "gate_up" : "down", dx ? "dx" : "fwd", impl_name(im), ms, f / ms / 1e9);

@@ -9,7 +9,10 @@
 #include <cuda.h>  // CUtensorMap and its enums only: the encoder comes from the runtime's entry point
 
 #include <cub/block/block_scan.cuh>
+#include <map>
+#include <mutex>
 #include <type_traits>
+#include <utility>
 
 #include "core/env.h"
 #include "kernels/cuda/common.cuh"
@@ -53,8 +56,8 @@ struct Cfg {
   static constexpr int kEpiOff = kStages * kStageBytes;
   static constexpr int kBarOff = kEpiOff + kEpiBytes;
   // full[kStages], empty[kStages], turn[2] (pingpong hand-over), then offsets and unit prefix.
-  static constexpr int kSmem = 1024 + kBarOff + (2 * kStages + 2) * 8 + 2 * (kMaxExperts + 1) * 4;
-  static_assert((2 * kStages + 2) * 8 <= 128, "barrier space");
+  static constexpr int kSmem = 1024 + kBarOff + (2 * kStages + 2) * 8 + 16 + 2 * (kMaxExperts + 1) * 4;
+  static_assert((2 * kStages + 2) * 8 + 16 <= 128, "barrier space");  // + the dynamic schedule's unit ring
   // One arrival per consumer warp that reads a stage, from each CTA of the cluster.
   static constexpr int kEmptyCount = (kSched == kPing ? 4 : 8) * kCluster;
   static_assert(kStages >= 3, "fewer than 3 stages");
@@ -67,6 +70,9 @@ struct Params {
   int E;
   int ncol;    // column tiles of Cfg::kBN
   int order;   // units inside an expert: 0 = (column tile, row block), 1 = (row block, column tile)
+  // Dynamic schedule (single CTAs, not pingpong): [next unit, CTAs done], zero between launches (the
+  // last CTA to finish resets both); null: the static stride (CTA i takes units i, i + grid, ...).
+  int* counter;
   int ksteps;  // ceil(reduction / kBK)
   int64_t N, cols;
 };
@@ -229,8 +235,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t raw = mma::smem_addr(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;  // same offset in every CTA: multicast targets match
   const uint32_t full0 = base + C::kBarOff, empty0 = full0 + kS * 8, turn0 = empty0 + kS * 8;
-  int32_t* s_off = reinterpret_cast<int32_t*>(smem_raw + (base - raw) + C::kBarOff + (2 * kS + 2) * 8);
+  int32_t* s_off = reinterpret_cast<int32_t*>(smem_raw + (base - raw) + C::kBarOff + (2 * kS + 2) * 8 + 16);
   int32_t* s_ts = s_off + (C::kMaxExperts + 1);
+  // The dynamic schedule's ring of unit indices, between the barriers and the offsets (4 slots: the
+  // producer runs at most kStages stages, so at most 3 units, ahead of the consumers).
+  volatile int32_t* s_unit = reinterpret_cast<volatile int32_t*>(s_off) - 4;
+  const bool dyn = kCluster == 1 && kSched != kPing && p.counter != nullptr;
   const int tid = threadIdx.x;
   const int rank = kCluster > 1 ? static_cast<int>(cluster_rank()) : 0;
   for (int i = tid; i <= p.E; i += kThreads) s_off[i] = p.off[i];
@@ -317,13 +327,17 @@ __global__ void __launch_bounds__(kThreads, 1)
         return static_cast<uint32_t>((x.rb < x.re ? C::kABytes : 0) + boxes * (C::kBBytes / (kMode == kFwd ? 2 : 4)));
       };
       int stage = 0;
-      uint32_t phase = 0;
-      for (int64_t u = first; u < total; u += step) {
+      uint32_t phase = 0, seq = 0;
+      // Dynamic: each unit is taken from the shared counter, and its index is left in s_unit for the
+      // consumers (read after the full barrier of the unit's first stage); -1 after the last one.
+      auto next_unit = [&](int64_t u) -> int64_t { return dyn ? atomicAdd(p.counter, 1) : u + step; };
+      for (int64_t u = dyn ? atomicAdd(p.counter, 1) : first; u < total; u = next_unit(u), ++seq) {
         const Unit x = decode<C::kRows, kCluster>(p, s_off, s_ts, u, rank);
         const uint32_t bytes = stage_bytes(x);
         for (int k = 0; k < p.ksteps; ++k) {
           wg::mbar_wait_idle(empty0 + 8 * stage, phase ^ 1u);  // a fresh barrier passes parity 1 at once
           const uint32_t full = full0 + 8 * stage, sa = base + stage * C::kStageBytes, sb = sa + C::kABytes;
+          if (dyn && k == 0) s_unit[seq & 3] = static_cast<int32_t>(u);
           wg::mbar_arrive_tx(full, bytes);
           if (x.rb < x.re) tma_load_2d(sa, &map_a, k * kBK, x.rb, full);
           if (kSched == kTall && x.rb + 128 < x.re) tma_load_2d(sa + 16384, &map_a, k * kBK, x.rb + 128, full);
@@ -335,6 +349,17 @@ __global__ void __launch_bounds__(kThreads, 1)
             stage = 0;
             phase ^= 1u;
           }
+        }
+      }
+      if (dyn) {
+        // The end: a stage's full barrier completed without loads, with -1 for its unit.
+        wg::mbar_wait_idle(empty0 + 8 * stage, phase ^ 1u);
+        s_unit[seq & 3] = -1;
+        wg::mbar_arrive(full0 + 8 * stage);
+        // The last CTA to get here (every CTA has then taken its last unit) zeroes the counter.
+        if (atomicAdd(p.counter + 1, 1) == static_cast<int>(gridDim.x) - 1) {
+          atomicExch(p.counter, 0);
+          atomicExch(p.counter + 1, 0);
         }
       }
     }
@@ -359,7 +384,17 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int i = 0; i < C::kBN / 2; ++i) acc[a][i] = 0.0f;
     int64_t it = 0;
-    for (int64_t u = first; u < utotal; u += step, ++it) {
+    uint32_t seq = 0;
+    for (int64_t u = first;; ++it) {
+      if (dyn) {  // the unit the producer took, published with its first stage
+        wg::mbar_wait(full0 + 8 * stage, phase);
+        u = __shfl_sync(0xffffffffu, s_unit[seq & 3], 0);
+        ++seq;
+        if (u < 0) break;
+      } else {
+        if (it > 0) u += step;
+        if (u >= utotal) break;
+      }
       if constexpr (kSched == kPing) {
         if ((it & 1) != cw) {  // the other warpgroup's unit: skip its stages
           const int adv = stage + p.ksteps;
@@ -503,6 +538,23 @@ CUtensorMap make_map(const void* ptr, int rank, const cuuint64_t* dims, const cu
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
+// The dynamic schedule's counter pair for the current device and `stream`, allocated and zeroed on
+// first use: launches on one stream run one after the other, and each leaves the pair zero.
+int* schedule_counter(cudaStream_t stream) {
+  static std::mutex mu;
+  static std::map<std::pair<int, cudaStream_t>, int*> counters;
+  int dev = 0;
+  MT_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  int*& c = counters[{dev, stream}];
+  if (!c) {
+    MT_CUDA_CHECK(cudaMalloc(&c, 2 * sizeof(int)));
+    MT_CUDA_CHECK(cudaMemset(c, 0, 2 * sizeof(int)));
+    MT_CUDA_CHECK(cudaDeviceSynchronize());  // zero before any stream's launch reads it
+  }
+  return c;
+}
+
 int sm_count(const Context& ctx) {
   int sms = ctx.facts().sm_count;
   if (sms <= 0) {
@@ -517,7 +569,7 @@ int sm_count(const Context& ctx) {
 // = K, red = M).
 template <int kMode, int kSched, int kCluster>
 void launch(Context& ctx, const bf16* a, const bf16* w, const int32_t* off, int E, int64_t N, int64_t K, int64_t M,
-            bf16* out, const char* op, int order = 0) {
+            bf16* out, const char* op, int order = 0, bool dynamic = false) {
   using C = Cfg<kSched, kCluster>;
   const int64_t red = kMode == kFwd ? K : M, cols = kMode == kFwd ? M : K;
   if (N <= 0) return;
@@ -536,6 +588,7 @@ void launch(Context& ctx, const bf16* a, const bf16* w, const int32_t* off, int 
   p.E = E;
   p.ncol = static_cast<int>((cols + C::kBN - 1) / C::kBN);
   p.order = order;
+  p.counter = dynamic && kCluster == 1 && kSched != kPing ? schedule_counter(stream_of(ctx)) : nullptr;
   p.ksteps = static_cast<int>((red + kBK - 1) / kBK);
   p.N = N;
   p.cols = cols;
@@ -574,6 +627,8 @@ void launch(Context& ctx, const bf16* a, const bf16* w, const int32_t* off, int 
   check_launch(op);
 }
 
+// Variants 7 and 8 take units from an atomic counter instead of the static stride (1 and 6 otherwise):
+// same bits, since no unit's result depends on which CTA computes it (docs/design/kernels.md, round 41).
 // Variant 0 (the default) picks per shape. A dx whose reduction is at least twice its output width
 // (Qwen3-30B-A3B's down projection: M 2048, K 768) re-reads W[e] from L2 most, and 2-CTA clusters
 // that multicast it were 4-5% faster there at even routing (0.272 against 0.283-0.288 ms on the H100;
@@ -589,9 +644,11 @@ void dispatch(Context& ctx, const bf16* a, const bf16* w, const int32_t* off, in
     case 4: launch<kMode, kPing, 2>(ctx, a, w, off, E, N, K, M, out, op); break;
     case 5: launch<kMode, kCoop, 1>(ctx, a, w, off, E, N, K, M, out, op, 1); break;
     case 6:  // tall tiles hold the offsets of at most 512 experts in shared memory
-      if (E <= Cfg<kTall, 1>::kMaxExperts) launch<kMode, kTall, 1>(ctx, a, w, off, E, N, K, M, out, op);
-      else launch<kMode, kCoop, 1>(ctx, a, w, off, E, N, K, M, out, op);
+    case 8:  // 8: 6 with the dynamic schedule
+      if (E <= Cfg<kTall, 1>::kMaxExperts) launch<kMode, kTall, 1>(ctx, a, w, off, E, N, K, M, out, op, 0, variant == 8);
+      else launch<kMode, kCoop, 1>(ctx, a, w, off, E, N, K, M, out, op, 0, variant == 8);
       break;
+    case 7: launch<kMode, kCoop, 1>(ctx, a, w, off, E, N, K, M, out, op, 0, true); break;  // 1, dynamic schedule
     default: launch<kMode, kCoop, 1>(ctx, a, w, off, E, N, K, M, out, op); break;
   }
 }
