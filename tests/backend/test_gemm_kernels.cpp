@@ -56,7 +56,7 @@ TEST(Backend, GroupedGemmWsMatchesWgmmaBitForBit) {
     Tensor d1 = Tensor::empty({N, s.K}, DType::kBF16, Device::cuda(0)), d2 = Tensor::empty({N, s.K}, DType::kBF16, Device::cuda(0));
     cuda::grouped_gemm_wgmma_forward(gpu_ctx(), bf(x), bf(w), offsets.data<int32_t>(), E, N, s.K, s.M, bfm(y2));
     cuda::grouped_gemm_wgmma_dx(gpu_ctx(), bf(dy), bf(w), offsets.data<int32_t>(), E, N, s.K, s.M, bfm(d2));
-    // The per-shape default, variant 6 (256 x 192 tiles: other column tiles, two accumulators per
+    // The default (8 for dx, 1 for y), variant 6 (256 x 192 tiles: other column tiles, two accumulators per
     // warpgroup, A in two boxes) and 7 / 8 (1 / 6 with units from an atomic counter; each launch leaves
     // the counter zero for the next), over the same outputs poisoned with NaN first.
     for (const int variant : {0, 6, 7, 8, 7}) {

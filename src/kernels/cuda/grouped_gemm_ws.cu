@@ -629,15 +629,17 @@ void launch(Context& ctx, const bf16* a, const bf16* w, const int32_t* off, int 
 
 // Variants 7 and 8 take units from an atomic counter instead of the static stride (1 and 6 otherwise):
 // same bits, since no unit's result depends on which CTA computes it (docs/design/kernels.md, round 41).
-// Variant 0 (the default) picks per shape. A dx whose reduction is at least twice its output width
-// (Qwen3-30B-A3B's down projection: M 2048, K 768) re-reads W[e] from L2 most, and 2-CTA clusters
-// that multicast it were 4-5% faster there at even routing (0.272 against 0.283-0.288 ms on the H100;
-// equal at the proxy's skewed routing) and slower on every other expert shape (docs/performance.md,
-// round 15). Everything else: cooperative 128 x 256 tiles on single CTAs.
+// Variant 0 (the default) picks per mode. dx: 8, the tall 256 x 192 tiles with the dynamic schedule.
+// In the proxy's step it took 3.4% off the ws kernels' trace time and won 6 of 7 alternating step
+// pairs against round 41's default (1 for the gate_up dx, 2-CTA clusters for the down dx, whose
+// reduction is twice its width); in the harness it is 7% faster than the clusters on the down dx at
+// every routing, and 5-7% slower than 1 on the gate_up dx at even routing (equal or faster when skewed),
+// docs/performance.md, round 42. y: 1, cooperative 128 x 256 tiles on single CTAs (the tall tiles
+// were slower in the step, round 41).
 template <int kMode>
 void dispatch(Context& ctx, const bf16* a, const bf16* w, const int32_t* off, int E, int64_t N, int64_t K, int64_t M,
               bf16* out, int variant, const char* op) {
-  if (variant == 0) variant = kMode == kDx && M >= 2 * K ? 2 : 1;
+  if (variant == 0) variant = kMode == kDx ? 8 : 1;
   switch (variant) {
     case 2: launch<kMode, kCoop, 2>(ctx, a, w, off, E, N, K, M, out, op); break;
     case 3: launch<kMode, kPing, 1>(ctx, a, w, off, E, N, K, M, out, op); break;
