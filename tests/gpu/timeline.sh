@@ -6,7 +6,8 @@
 # GPU trace as CSV and summarises the last $STEPS_KEEP steps. Bundle as for perf.sh (GPU_BIN).
 # Env: GPU_BIN, LAYERS (4), SEQ (the bench's default, 4096), MT_BENCH_SET (extra --set overrides "k=v k=v"),
 # MT_BENCH_SET_EXTRA (more of them, after MT_BENCH_SET: trace_ab.sh's VARIANTS can set it),
-# STEPS_KEEP (2).
+# STEPS_KEEP (2), GAPS_ARGS (more timeline_gaps.py options, e.g. "--ordinal gmm_ws_kernel": each expert
+# y / dx GEMM launch of the step apart; trace_ab.sh passes it through).
 # Results: $OUT/timeline.txt, $OUT/kernels.json (each kernel's us per step), $OUT/trace.csv.xz.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -37,5 +38,5 @@ else  # CUPTI through an injection library (tests/gpu/cupti/kernel_trace.cpp), c
 fi
 csv=$(ls "$work"/t*cuda_gpu_trace*.csv | head -1)
 xz -T4 -c "$csv" > "$out/trace.csv.xz"
-python3 tests/gpu/timeline_gaps.py "$csv" --layers "$layers" --steps "${STEPS_KEEP:-2}" --json "$out/kernels.json" \
+python3 tests/gpu/timeline_gaps.py "$csv" --layers "$layers" --steps "${STEPS_KEEP:-2}" --json "$out/kernels.json" ${GAPS_ARGS:-} \
   | tee "$out/timeline.txt"

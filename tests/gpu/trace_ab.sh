@@ -9,6 +9,7 @@
 # MT_BENCH_SET (as timeline.sh; default the all-bf16 keys with the update in backward), MATCH (regex:
 # list only matching kernels), TOP (25: the kernels with the largest changes). The table also gives each
 # kernel's launches per step (calls) for the first bundle, marked * where another bundle differs.
+# GAPS_ARGS (timeline_gaps.py options, e.g. "--ordinal gmm_ws_kernel": each launch of a kernel apart).
 # Results: $OUT/trace_ab/<bundle>.r<round>/ (timeline.sh's), $OUT/trace_ab/table.txt (printed last).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)

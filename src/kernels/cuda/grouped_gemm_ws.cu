@@ -635,7 +635,8 @@ void launch(Context& ctx, const bf16* a, const bf16* w, const int32_t* off, int 
 // reduction is twice its width); in the harness it is 7% faster than the clusters on the down dx at
 // every routing, and 5-7% slower than 1 on the gate_up dx at even routing (equal or faster when skewed),
 // docs/performance.md, round 42. y: 1, cooperative 128 x 256 tiles on single CTAs (the tall tiles
-// were slower in the step, round 41).
+// were slower in the step, round 41). Variant 9 (8 for the down dx only) is there to measure the
+// alternative that the harness favours at even routing.
 template <int kMode>
 void dispatch(Context& ctx, const bf16* a, const bf16* w, const int32_t* off, int E, int64_t N, int64_t K, int64_t M,
               bf16* out, int variant, const char* op) {
@@ -651,6 +652,10 @@ void dispatch(Context& ctx, const bf16* a, const bf16* w, const int32_t* off, in
       else launch<kMode, kCoop, 1>(ctx, a, w, off, E, N, K, M, out, op, 0, variant == 8);
       break;
     case 7: launch<kMode, kCoop, 1>(ctx, a, w, off, E, N, K, M, out, op, 0, true); break;  // 1, dynamic schedule
+    case 9:  // 8 for a dx whose reduction is at least twice its width (the down dx), else 1
+      if (kMode == kDx && M >= 2 * K) dispatch<kMode>(ctx, a, w, off, E, N, K, M, out, 8, op);
+      else launch<kMode, kCoop, 1>(ctx, a, w, off, E, N, K, M, out, op);
+      break;
     default: launch<kMode, kCoop, 1>(ctx, a, w, off, E, N, K, M, out, op); break;
   }
 }

@@ -167,7 +167,7 @@ static bool use_ws_kernel() {
 static int ws_variant(bool dx) {
   auto read = [](const char* name) {
     const long v = env_int(name, 0);
-    MT_CHECK(v >= 0 && v <= 8, "[grouped_matmul] {}={}: expected a variant from 0 to 8", name, v);
+    MT_CHECK(v >= 0 && v <= 9, "[grouped_matmul] {}={}: expected a variant from 0 to 9", name, v);
     return static_cast<int>(v);
   };
   static const int fwd = read("MT_GEMM_WS_VARIANT"), bwd = read("MT_GEMM_WS_DX_VARIANT");
