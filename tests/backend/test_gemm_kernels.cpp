@@ -1,7 +1,7 @@
 // The two Hopper kernels for the expert y, dx and dW GEMMs against each other: the warp-specialized
 // TMA kernel (grouped_gemm_ws.cu, the default) and the cp.async wgmma kernel it replaced
 // (grouped_gemm_wgmma.cu, MT_GEMM_KERNEL=wgmma). Both sum each output in the same wgmma order, so
-// their outputs must be the same bits (y and dx also on the ws kernel's variants 6-9),
+// their outputs must be the same bits (y and dx also on the ws kernel's variants 2 and 6-9),
 // and dW's epilogue sum of squares too except for a written f32 dW (other tiles, so other partials),
 // at the Qwen3-30B-A3B widths with uneven routing, experts without rows and unused capacity rows. (The CPU-twin
 // comparison of the default path is Backend.GroupedMatmul.)
@@ -56,10 +56,11 @@ TEST(Backend, GroupedGemmWsMatchesWgmmaBitForBit) {
     Tensor d1 = Tensor::empty({N, s.K}, DType::kBF16, Device::cuda(0)), d2 = Tensor::empty({N, s.K}, DType::kBF16, Device::cuda(0));
     cuda::grouped_gemm_wgmma_forward(gpu_ctx(), bf(x), bf(w), offsets.data<int32_t>(), E, N, s.K, s.M, bfm(y2));
     cuda::grouped_gemm_wgmma_dx(gpu_ctx(), bf(dy), bf(w), offsets.data<int32_t>(), E, N, s.K, s.M, bfm(d2));
-    // The default (8 for dx, 1 for y), variant 6 (256 x 192 tiles: other column tiles, two accumulators per
-    // warpgroup, A in two boxes), 7 / 8 (1 / 6 with units from an atomic counter; each launch leaves
-    // the counter zero for the next) and 9 (8 or 1 by shape), over the same outputs poisoned with NaN first.
-    for (const int variant : {0, 6, 7, 8, 7, 9}) {
+    // The default (8 for dx, 1 for y), variant 2 (2-CTA clusters, the down dx default before round
+    // 42), 6 (256 x 192 tiles: other column tiles, two accumulators per warpgroup, A in two boxes),
+    // 7 / 8 (1 / 6 with units from an atomic counter; each launch leaves the counter zero for the
+    // next) and 9 (8 or 1 by shape), over the same outputs poisoned with NaN first.
+    for (const int variant : {0, 2, 6, 7, 8, 7, 9}) {
       const std::string vtag = tag + (variant ? " variant " + std::to_string(variant) : "");
       ASSERT_EQ(cudaMemset(y1.data_ptr(), 0xFF, y1.nbytes()), cudaSuccess);  // bf16 NaNs
       ASSERT_EQ(cudaMemset(d1.data_ptr(), 0xFF, d1.nbytes()), cudaSuccess);
