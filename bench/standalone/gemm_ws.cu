@@ -149,7 +149,7 @@ Problem skewed(int64_t K, int64_t M) {
   return from_counts(counts, 32768, K, M);
 }
 
-// impl 0: wgmma (cp.async, the current kernel); 1..6: ws variants (see grouped_gemm_ws.cuh).
+// impl 0: wgmma (cp.async, the current kernel); 1..8: ws variants (see grouped_gemm_ws.cuh).
 const char* impl_name(int im) {
   static const char* n[] = {"wgmma", "ws-coop", "ws-coop-c2", "ws-ping", "ws-ping-c2", "ws-coop-rowmaj", "ws-tall", "ws-coop-dyn", "ws-tall-dyn"};
   return n[im];

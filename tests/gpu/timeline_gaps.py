@@ -4,10 +4,8 @@ and prints, per step (averaged over the last --steps steps): the step's span, th
 time between consecutive GPU activities, the largest idle transitions (previous -> next kernel) and the kernels
 by total time. Steps are split at host gaps longer than --split-us. --json also writes the per-step totals and every
 kernel's time and count per step (tests/gpu/trace_ab.sh compares builds with it). --ordinal REGEX splits the kernels
-whose name matches by launch: "name#i" for the i-th launch of that name in the step (modulo --ordinal-mod), and
---templates keeps the template arguments in names (a kernel's instances apart, but then builds whose template
-arguments differ no longer line up in trace_ab.sh). Example: `--ordinal gmm_ws_kernel` lists each of a step's
-expert y / dx GEMM launches apart, in launch order (16 in a 4-layer step)."""
+whose name matches by launch, "name#i" for the i-th launch of that name in the step: `--ordinal gmm_ws_kernel` lists
+each of a step's expert y / dx GEMM launches apart, in launch order (16 in a 4-layer step)."""
 import argparse
 import collections
 import csv
@@ -16,32 +14,22 @@ import re
 import sys
 
 
-def short(name, templates=False):
+def short(name):
     name = re.sub(r"^void ", "", name).replace("(anonymous namespace)::", "")
-    if templates:  # keep "<...>", drop the parameter list
-        depth, cut = 0, len(name)
-        for i, ch in enumerate(name):
-            depth += ch == "<"
-            depth -= ch == ">"
-            if ch == "(" and depth == 0:
-                cut = i
-                break
-        name = name[:cut]
-    else:
-        name = re.split(r"[<(]", name, maxsplit=1)[0]
+    name = re.split(r"[<(]", name, maxsplit=1)[0]
     name = name.replace("moetrain::cuda::", "").replace("flash::", "")
-    return name[:100 if templates else 60]
+    return name[:60]
 
 
-def number_launches(step, pattern, mod):
-    """The step's events with name#i for the i-th launch (mod `mod` when > 0) of each name matching `pattern`."""
+def number_launches(step, pattern):
+    """The step's events with name#i for the i-th launch of each name matching `pattern`."""
     seen = collections.Counter()
     out = []
     for s, e, n in step:
         if pattern.search(n):
             i = seen[n]
             seen[n] += 1
-            n = f"{n}#{i % mod if mod > 0 else i}"
+            n = f"{n}#{i}"
         out.append((s, e, n))
     return out
 
@@ -55,8 +43,6 @@ def main():
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--json", help="write the per-step totals and each kernel's us and count per step here")
     ap.add_argument("--ordinal", help="regex: number the launches of matching kernels within each step (name#i)")
-    ap.add_argument("--ordinal-mod", type=int, default=0, help="with --ordinal: i modulo this (0: the raw index)")
-    ap.add_argument("--templates", action="store_true", help="keep template arguments in kernel names")
     a = ap.parse_args()
     rows = []
     with open(a.csv, newline="") as f:
@@ -70,7 +56,7 @@ def main():
                 s, d = float(row[cs]), float(row[cd])
             except ValueError:
                 continue
-            rows.append((s, s + d, short(row[cn], a.templates)))
+            rows.append((s, s + d, short(row[cn])))
     rows.sort()
     starts = [i for i, r in enumerate(rows) if r[2].startswith("embedding_fwd")]
     if starts:  # a moetrain step opens with the embedding lookup and ends before the next step's host gap
@@ -96,7 +82,7 @@ def main():
     steps = [s for s in segs if len(s) == mode][-a.steps:]
     if a.ordinal:
         pat = re.compile(a.ordinal)
-        steps = [number_launches(st, pat, a.ordinal_mod) for st in steps]
+        steps = [number_launches(st, pat) for st in steps]
     print(f"{len(segs)} segments; {len(steps)} steps of {mode} GPU activities kept (layers {a.layers})")
     gap_by = collections.defaultdict(float)
     gap_n = collections.Counter()
