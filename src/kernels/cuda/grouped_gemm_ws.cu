@@ -538,8 +538,9 @@ CUtensorMap make_map(const void* ptr, int rank, const cuuint64_t* dims, const cu
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
-// The dynamic schedule's counter pair for the current device and `stream`, allocated and zeroed on
-// first use: launches on one stream run one after the other, and each leaves the pair zero.
+// The dynamic schedule's counter pair for the current device and `stream`, allocated on first use
+// and zeroed on `stream` itself (ordered before the launch that reads it, with no host wait);
+// launches on one stream run one after the other, and each leaves the pair zero.
 int* schedule_counter(cudaStream_t stream) {
   static std::mutex mu;
   static std::map<std::pair<int, cudaStream_t>, int*> counters;
@@ -549,8 +550,7 @@ int* schedule_counter(cudaStream_t stream) {
   int*& c = counters[{dev, stream}];
   if (!c) {
     MT_CUDA_CHECK(cudaMalloc(&c, 2 * sizeof(int)));
-    MT_CUDA_CHECK(cudaMemset(c, 0, 2 * sizeof(int)));
-    MT_CUDA_CHECK(cudaDeviceSynchronize());  // zero before any stream's launch reads it
+    MT_CUDA_CHECK(cudaMemsetAsync(c, 0, 2 * sizeof(int), stream));
   }
   return c;
 }
