@@ -635,8 +635,8 @@ void launch(Context& ctx, const bf16* a, const bf16* w, const int32_t* off, int 
 // reduction is twice its width); in the harness it is 7% faster than the clusters on the down dx at
 // every routing, and 5-7% slower than 1 on the gate_up dx at even routing (equal or faster when skewed),
 // docs/performance.md, round 42. y: 1, cooperative 128 x 256 tiles on single CTAs (the tall tiles
-// were slower in the step, round 41). Variant 9 (8 for the down dx only) is there to measure the
-// alternative that the harness favours at even routing.
+// were slower in the step, round 41). Variant 9 (8 for the down dx only, the alternative that the
+// harness favours at even routing) measured within the noise in the step (round 43): a knob.
 template <int kMode>
 void dispatch(Context& ctx, const bf16* a, const bf16* w, const int32_t* off, int E, int64_t N, int64_t K, int64_t M,
               bf16* out, int variant, const char* op) {
