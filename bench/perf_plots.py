@@ -62,17 +62,22 @@ def text(x, y, s, size=12, anchor="start", color="#222", bold=False):
             f'fill="{color}"{weight}>{esc(s)}</text>')
 
 
+def head(w, h, title, subtitle):
+    """The opening of a w x h picture: the svg element, a white ground, the title and its subtitle."""
+    return [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}">',
+            f'<rect width="{w}" height="{h}" fill="white"/>',
+            text(w / 2, 24, title, 15, "middle", bold=True),
+            text(w / 2, 44, subtitle, 11, "middle", "#555")]
+
+
 def layer_step_svg():
     w, left, right, top, row = 860, 270, 150, 70, 34
     h = top + row * len(LAYER_PARTS) + 108
     span = w - left - right
     scale = span / 3000.0  # us across the plot
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}">',
-           f'<rect width="{w}" height="{h}" fill="white"/>',
-           text(w / 2, 24, "One Qwen3-30B-A3B layer's training step on one H200, part by part", 15,
-                "middle", bold=True),
-           text(w / 2, 44, "seq 4096, mbs 1, bf16 weights and AdamW state; bars: measured (two runs), "
-                "marks: the part's computed floor", 11, "middle", "#555")]
+    out = head(w, h, "One Qwen3-30B-A3B layer's training step on one H200, part by part",
+               "seq 4096, mbs 1, bf16 weights and AdamW state; bars: measured (two runs), "
+               "marks: the part's computed floor")
     for us in range(0, 3001, 500):
         x = left + us * scale
         out.append(f'<line x1="{x:.1f}" y1="{top - 8}" x2="{x:.1f}" y2="{top + row * len(LAYER_PARTS)}" '
@@ -122,12 +127,8 @@ def ratio_svg():
     def py(v):
         return top + (hi_r - v) / (hi_r - lo_r) * ph
 
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}">',
-           f'<rect width="{w}" height="{h}" fill="white"/>',
-           text(w / 2, 24, "Layer step speed against transformers + torch.compile, one H200, by round", 15,
-                "middle", bold=True),
-           text(w / 2, 44, "each dot: one same-call measurement (median of alternating runs); "
-                "ratio = torch ms / moetrain ms", 11, "middle", "#555")]
+    out = head(w, h, "Layer step speed against transformers + torch.compile, one H200, by round",
+               "each dot: one same-call measurement (median of alternating runs); ratio = torch ms / moetrain ms")
     v = lo_r
     while v <= hi_r + 1e-9:
         y = py(v)
