@@ -19,16 +19,16 @@ import sys
 import tempfile
 
 # One layer's step, us: (part, measured low, measured high, floor or None, what the floor is).
-# Round 38's kernel trace (docs/design/kernels.md, "One layer's step, kernel by kernel", H200,
-# tests/gpu/trace_ab.sh, two runs), all-bf16 keys, update in backward, seq 4096, mbs 1. Round 43's
-# trace read 2664-2685 and 1221-1242 us for the first two parts: the same within its spread.
+# Round 43's kernel trace of the current default (docs/performance.md, "Issue 7, round 43", call 6:
+# tests/gpu/trace_ab.sh, two runs, per-step kernels such as the loss head left out), all-bf16 keys,
+# update in backward, seq 4096, mbs 1. Floors as in docs/design/kernels.md, "Where things stand".
 LAYER_PARTS = [
-    ("expert dW + fused AdamW walk", 2638, 2714, 1690, "floor: 7.25 GB at 4.3 TB/s"),
-    ("expert GEMMs, forward and dx", 1216, 1250, 790, "floor: 0.62 TFLOP at 784 TFLOP/s"),
-    ("attention backward", 734, 768, 490, "floor: 344 GFLOP at 700 TFLOP/s"),
-    ("cuBLAS q|k|v, o, router GEMMs", 640, 664, None, "at the GEMM ceiling"),
-    ("attention forward", 258, 274, 196, "floor: 137 GFLOP at 700 TFLOP/s"),
-    ("norms, RoPE, gathers, SwiGLU, routing", 492, 502, None, "each near its bytes"),
+    ("expert dW + fused AdamW walk", 2656, 2671, 1690, "floor: 7.25 GB at 4.3 TB/s"),
+    ("expert GEMMs, forward and dx", 1192, 1200, 790, "floor: 0.62 TFLOP at 784 TFLOP/s"),
+    ("attention backward", 727, 732, 490, "floor: 344 GFLOP at 700 TFLOP/s"),
+    ("cuBLAS q|k|v, o, router GEMMs", 635, 642, None, "at the GEMM ceiling"),
+    ("attention forward", 254, 259, 196, "floor: 137 GFLOP at 700 TFLOP/s"),
+    ("norms, RoPE, gathers, SwiGLU, routing", 480, 482, None, "each near its bytes"),
 ]
 BENCH_MS = 6.010  # moetrain bench, round 43's pooled median a layer (12 alternating runs)
 TORCH_COMPILE_MS = 12.18  # round 43's pooled median, transformers grouped_mm + torch.compile
@@ -108,8 +108,8 @@ def layer_step_svg():
                     f"moetrain bench: {BENCH_MS:.2f} ms a layer", 12, "middle", bold=True))
     out.append(text(w / 2, yb + 18, f"transformers grouped_mm + torch.compile: {TORCH_COMPILE_MS:.2f} ms "
                     f"(2x needs at most {half:.2f})", 12, "middle", bold=True))
-    out.append(text(w / 2, yb + 36, "sources: docs/design/kernels.md (round 38's kernel trace), "
-                    "docs/performance.md (round 43)", 10, "middle", "#777"))
+    out.append(text(w / 2, yb + 36, "source: docs/performance.md, round 43 (the kernel trace and the "
+                    "alternating runs)", 10, "middle", "#777"))
     out.append("</svg>")
     return "\n".join(out) + "\n"
 
