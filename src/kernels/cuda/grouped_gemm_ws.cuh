@@ -18,8 +18,9 @@ bool grouped_gemm_ws_supported(const Context& ctx, int64_t N, int64_t K, int64_t
 // are zeroed. variant (benchmark knob): 0 = default: 8 for dx, 1 for y; 1 = cooperative 128x256
 // tiles; 2 = with 2-CTA clusters multicasting W; 3 = pingpong, 64x256 per warpgroup; 4 = pingpong with
 // clusters; 5 = 1 with the units of an expert ordered (row block, column tile); 6 = tall 256x192
-// tiles, 128x192 per warpgroup (1 when E > 512); 7 and 8 = 1 and 6 with a dynamic schedule (units
-// from an atomic counter); 9 = 8 for a dx whose reduction M is at least twice K, else 1.
+// tiles, 128x192 per warpgroup; 7 and 8 = 1 and 6 with a dynamic schedule (units from an atomic
+// counter); above 512 experts 6 and 8 run as 1 and 7; 9 = 8 for a dx whose reduction M is at least
+// twice K, else 1.
 void grouped_gemm_ws_forward(Context& ctx, const __nv_bfloat16* x, const __nv_bfloat16* w, const int32_t* off,
                              int E, int64_t N, int64_t K, int64_t M, __nv_bfloat16* y, int variant = 0);
 // dx[N, K] = dy[N, M] W[e][M, K]; rows past offsets[E] are zeroed. variant as above.
