@@ -33,21 +33,21 @@ bool same_bits(const Tensor& a, const Tensor& b) {
   return x.nbytes() == y.nbytes() && std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0;
 }
 
-TEST(Backend, GroupedGemmWsMatchesWgmmaBitForBit) {
-  MT_REQUIRE_GPU();
-  if (gpu_ctx().facts().cc_major != 9) GTEST_SKIP() << "Hopper kernels (cc 9.0)";
-  std::mt19937 g(11);
-  std::vector<int32_t> counts(128);
-  for (auto& c : counts) c = static_cast<int32_t>(g() % 6 == 0 ? 0 : g() % 520);
-  counts[0] = 1, counts[1] = 0, counts[2] = 1000, counts[3] = 128, counts[4] = 129;
+struct Widths { int64_t K, M; };
+
+// Every ws path against the wgmma kernel over the same routing (counts[e] rows for expert e, then
+// 77 unused capacity rows): y and dx for each of `variants` over outputs poisoned with NaN first,
+// and dW f32 / bf16, = / +=, with the epilogue's sum of squares.
+void check_ws_against_wgmma(const std::vector<int32_t>& counts, const std::vector<Widths>& widths,
+                            const std::vector<int>& variants) {
+  const int E = static_cast<int>(counts.size());
   std::vector<int32_t> off(counts.size() + 1, 0);
   for (size_t e = 0; e < counts.size(); ++e) off[e + 1] = off[e] + counts[e];
-  const int E = 128;
   const int64_t N = off.back() + 77;  // unused capacity rows at the end
   const Tensor offsets = Tensor::from_ints(off, {E + 1}).to(Device::cuda(0));
-  struct Shape2 { int64_t K, M; };
-  for (const Shape2 s : {Shape2{2048, 1536}, Shape2{768, 2048}}) {
-    const std::string tag = "E128 N" + std::to_string(N) + " K" + std::to_string(s.K) + " M" + std::to_string(s.M);
+  for (const Widths s : widths) {
+    const std::string tag = "E" + std::to_string(E) + " N" + std::to_string(N) + " K" + std::to_string(s.K) + " M" +
+                            std::to_string(s.M);
     const Tensor x = gpu_randn({N, s.K}, 1, 1.0f), w = gpu_randn({E, s.M, s.K}, 2, 0.03f), dy = gpu_randn({N, s.M}, 3, 1.0f);
     ASSERT_TRUE(cuda::grouped_gemm_ws_supported(gpu_ctx(), N, s.K, s.M, E, x.data_ptr(), w.data_ptr(), x.data_ptr()));
     auto bf = [](const Tensor& t) { return static_cast<const __nv_bfloat16*>(t.data_ptr()); };
@@ -56,11 +56,7 @@ TEST(Backend, GroupedGemmWsMatchesWgmmaBitForBit) {
     Tensor d1 = Tensor::empty({N, s.K}, DType::kBF16, Device::cuda(0)), d2 = Tensor::empty({N, s.K}, DType::kBF16, Device::cuda(0));
     cuda::grouped_gemm_wgmma_forward(gpu_ctx(), bf(x), bf(w), offsets.data<int32_t>(), E, N, s.K, s.M, bfm(y2));
     cuda::grouped_gemm_wgmma_dx(gpu_ctx(), bf(dy), bf(w), offsets.data<int32_t>(), E, N, s.K, s.M, bfm(d2));
-    // The default (8 for dx, 1 for y), variant 2 (2-CTA clusters, the down dx default before round
-    // 42), 6 (256 x 192 tiles: other column tiles, two accumulators per warpgroup, A in two boxes),
-    // 7 / 8 (1 / 6 with units from an atomic counter; each launch leaves the counter zero for the
-    // next) and 9 (8 or 1 by shape), over the same outputs poisoned with NaN first.
-    for (const int variant : {0, 2, 6, 7, 8, 7, 9}) {
+    for (const int variant : variants) {
       const std::string vtag = tag + (variant ? " variant " + std::to_string(variant) : "");
       ASSERT_EQ(cudaMemset(y1.data_ptr(), 0xFF, y1.nbytes()), cudaSuccess);  // bf16 NaNs
       ASSERT_EQ(cudaMemset(d1.data_ptr(), 0xFF, d1.nbytes()), cudaSuccess);
@@ -104,6 +100,35 @@ TEST(Backend, GroupedGemmWsMatchesWgmmaBitForBit) {
         }
       }
     }
+  }
+}
+
+TEST(Backend, GroupedGemmWsMatchesWgmmaBitForBit) {
+  MT_REQUIRE_GPU();
+  if (gpu_ctx().facts().cc_major != 9) GTEST_SKIP() << "Hopper kernels (cc 9.0)";
+  std::mt19937 g(11);
+  std::vector<int32_t> counts(128);
+  for (auto& c : counts) c = static_cast<int32_t>(g() % 6 == 0 ? 0 : g() % 520);
+  counts[0] = 1, counts[1] = 0, counts[2] = 1000, counts[3] = 128, counts[4] = 129;
+  // The default (8 for dx, 1 for y), variant 2 (2-CTA clusters, the down dx default before round
+  // 42), 6 (256 x 192 tiles: other column tiles, two accumulators per warpgroup, A in two boxes),
+  // 7 / 8 (1 / 6 with units from an atomic counter; each launch leaves the counter zero for the
+  // next) and 9 (8 or 1 by shape).
+  check_ws_against_wgmma(counts, {{2048, 1536}, {768, 2048}}, {0, 2, 6, 7, 8, 7, 9});
+}
+
+// More experts than the tall tiles' shared offsets hold (512): variants 6, 8 and the dx default run
+// as 1 and 7 there (the dispatch's fallback), up to the kernels' limit of 1024 experts. A few rows
+// an expert, some experts without rows, one with several row blocks.
+TEST(Backend, GroupedGemmWsManyExperts) {
+  MT_REQUIRE_GPU();
+  if (gpu_ctx().facts().cc_major != 9) GTEST_SKIP() << "Hopper kernels (cc 9.0)";
+  for (const int E : {512, 513, 1024}) {
+    std::mt19937 g(static_cast<uint32_t>(E));
+    std::vector<int32_t> counts(static_cast<size_t>(E));
+    for (auto& c : counts) c = static_cast<int32_t>(g() % 4 == 0 ? 0 : g() % 40);
+    counts[1] = 600, counts[static_cast<size_t>(E) - 1] = 257;
+    check_ws_against_wgmma(counts, {{256, 384}}, {0, 6, 8, 9});
   }
 }
 
