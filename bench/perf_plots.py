@@ -47,6 +47,7 @@ RATIO_BY_ROUND = [
     (41, [1.97]),
     (42, [2.09]),
     (43, [1.97, 2.02, 2.00]),
+    (44, [2.01]),
 ]
 
 FONT = 'font-family="DejaVu Sans, Arial, sans-serif"'
