@@ -212,6 +212,7 @@ ForwardResult Qwen3Model::run_forward_(Context& ctx, const Batch& batch, Pass pa
     overwrite_pass_ = std::exchange(overwrite_next_, false);
     sums_pass_ = std::exchange(sums_next_, false);
     sums_valid_ = false;  // the gradients are about to change
+    sums_ = {};           // and the last step's sum is read: its 8 bytes go before this step's peak
     updates_pass_ = std::exchange(updates_next_, {});
     updated_.clear();
   }

@@ -341,7 +341,14 @@ void layer_backward(Trace& t, const ModelConfig& c, const Dims& d, const TraceSh
     const int dact = W(R * d.I_moe * dt, "dact");
     // The expert weights' gradient workspace of the in-backward update (down, then gate_up).
     const double expert_mats = d.E / static_cast<double>(s.ep) * d.H * d.I_moe * s.expert_grad_scratch_bytes;
-    if (expert_mats > 0) t.free(W(expert_mats, "expert down gradient (in-backward update workspace)"));
+    // Each expert dW: its gradient workspace (if any) and, with the fused norm, its per-tile sums.
+    auto expert_dw = [&](double grad_bytes, double partial_bytes, const char* grad_name, const char* partial_name) {
+      const int g = grad_bytes > 0 ? W(grad_bytes, grad_name) : -1;
+      if (s.grad_sums && partial_bytes > 0) t.free(W(partial_bytes, partial_name));
+      t.free(g);
+    };
+    expert_dw(expert_mats, s.expert_dw_partials_down, "expert down gradient (in-backward update workspace)",
+              "expert down dW sum-of-squares partials");
     t.free(dyp);
     const int dgu = W(R * 2 * d.I_moe * dt, "dgu");
     const int drow_w = W(R * 4, "drow_w [R] f32");
@@ -349,7 +356,8 @@ void layer_backward(Trace& t, const ModelConfig& c, const Dims& d, const TraceSh
     at_end.push_back(W(T * d.k * 4, "dtopk_w"));
     t.free(drow_w);
     const int dxp = W(R * d.H * dt, "dxp");
-    if (expert_mats > 0) t.free(W(2 * expert_mats, "expert gate_up gradient (in-backward update workspace)"));
+    expert_dw(2 * expert_mats, s.expert_dw_partials_gate_up, "expert gate_up gradient (in-backward update workspace)",
+              "expert gate_up dW sum-of-squares partials");
     t.free(dgu);
     at_end.push_back(dxp);
     if (s.ep > 1) at_end.push_back(t.alloc(TraceGroup::kDispatch, kWork, d.Tk * d.H * dt, "dxp back [T*k,H]"));
@@ -491,6 +499,8 @@ void backward(Trace& t, const ModelConfig& c, const Dims& d, const TraceShape& s
     dh = t.alloc(TraceGroup::kHeadGrad, kWork, T * d.H * dt, "received dh [T,H]");
     t.free(f.hl);
   }
+  // Qwen3Model::backward's sums_.sum (request_grad_sum_squares), read by the optimizer after the step.
+  const int sums = s.grad_sums ? t.alloc(TraceGroup::kLayerTemp, kWork, 8, "gradient sum of squares [1] f64") : -1;
   for (int64_t i = s.num_layers - 1; i >= 0; --i) {
     const int64_t l = s.first_layer + i;
     const bool sparse = c.is_sparse_layer(l);
@@ -517,6 +527,7 @@ void backward(Trace& t, const ModelConfig& c, const Dims& d, const TraceShape& s
     t.free(t.alloc(TraceGroup::kLayerTemp, kWork, std::ceil(3 * T * 4 / 256) * 256, "embedding backward scratch"));
   for (int id : f.stats) t.free(id);  // release() and finish_()
   t.free(dh);
+  if (sums >= 0) t.free(sums);
   t.free(f.nll);                        // the trainer's ForwardResult
   for (int id : f.batch) t.free(id);
 }

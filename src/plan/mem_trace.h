@@ -39,6 +39,12 @@ struct TraceShape {
   // > 0: each expert matrix's backward takes a gradient workspace of this many bytes per element
   // while it runs (optimizer.update_in_backward without gradient buffers, on the two-op path).
   int expert_grad_scratch_bytes = 0;
+  // The trainer's fused gradient norm: the last micro-batch's backward sums the expert gradients'
+  // squares into one f64 workspace scalar, alive from the layers' backward to the optimizer step.
+  bool grad_sums = true;
+  // Bytes of the per-tile sum-of-squares partials that the Hopper expert dW kernels write while they
+  // run with grad_sums (dispatch_dw / dispatch_dw_adamw: 8 bytes a tile); 0 where none.
+  double expert_dw_partials_gate_up = 0, expert_dw_partials_down = 0;
   Recompute recompute = Recompute::kNone;
 };
 

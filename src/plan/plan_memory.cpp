@@ -249,6 +249,18 @@ StagePlan plan_stage(const PlanInput& in, const Hardware& hw, int64_t first, int
   ts.z_loss = in.z_loss;
   ts.recompute = in.recompute;
   ts.expert_grad_scratch_bytes = expert_grads_free && !fused_update && te > 0 ? static_cast<int>(gbytes) : 0;
+  if (ts.hopper && c.is_moe()) {
+    // The fused gradient norm's per-tile sums of the Hopper expert dW kernels (8 bytes a tile of 128
+    // rows by 256 columns for a bf16 gradient or a written f32 one, by 128 columns for an f32 +=;
+    // gwd::dw_tiles): the first step adds into the zeroed buffers, so an f32 gradient takes 128.
+    const int64_t bn = in.main_grads_dtype == DType::kBF16 || ts.expert_grad_scratch_bytes > 0 ? 256 : 128;
+    const double experts = static_cast<double>(c.num_experts / lay.ep);
+    auto partials = [&](int64_t K, int64_t M) {
+      return 8.0 * experts * static_cast<double>((M + 127) / 128) * static_cast<double>((K + bn - 1) / bn);
+    };
+    ts.expert_dw_partials_gate_up = partials(c.hidden_size, 2 * c.moe_intermediate_size);
+    ts.expert_dw_partials_down = partials(c.moe_intermediate_size, c.hidden_size);
+  }
   const double tk = static_cast<double>(ts.tokens * c.num_experts_per_tok);
   const double cap = static_cast<double>(lay.ep) * static_cast<double>(ts.tokens) *
                      std::min<double>(static_cast<double>(c.num_experts_per_tok),

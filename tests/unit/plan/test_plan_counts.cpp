@@ -156,6 +156,7 @@ struct TraceCase {
   bool fused = true;          // forward_backward (SFT) or forward + backward (DPO)
   int64_t chunk_tokens = 0;   // ModelOptions::ce_chunk_tokens
   bool router_stats = true;
+  bool sums = false;          // the trainer's fused gradient norm (request_grad_sum_squares)
 };
 
 // The replay must equal the CPU allocator's accounting while the real model runs.
@@ -166,9 +167,12 @@ TEST(PlanTrace, ReplayEqualsTheAllocatorOnTheCpuModel) {
                                         {"tiny-moe", Recompute::kNone, 0.01f, {5, 9}, true, 4},
                                         {"tiny-moe", Recompute::kSelective, 0.01f, {6, 3}, false, 5},
                                         {"tiny-moe", Recompute::kFull, 0.0f, {8, 8}, false, 0, false},
+                                        {"tiny-moe", Recompute::kNone, 0.0f, {7, 12, 1}, true, 0, true, true},
+                                        {"tiny-moe", Recompute::kSelective, 0.0f, {6, 3}, false, 5, true, true},
                                         {"tiny-dense", Recompute::kNone, 0.0f, {13, 4}},
                                         {"tiny-dense", Recompute::kSelective, 0.0f, {10}, true, 3},
-                                        {"tiny-dense", Recompute::kFull, 0.0f, {17}, false}};
+                                        {"tiny-dense", Recompute::kFull, 0.0f, {17}, false},
+                                        {"tiny-dense", Recompute::kNone, 0.0f, {13, 4}, true, 0, true, true}};
   for (const auto& cs : cases) {
     const ModelConfig cfg = ModelConfig::preset(cs.preset);
     ModelParams p = ModelParams::allocate(cfg, DType::kF32, Device::cpu());
@@ -190,6 +194,7 @@ TEST(PlanTrace, ReplayEqualsTheAllocatorOnTheCpuModel) {
     mo.router_stats = cs.router_stats;
     Qwen3Model model(p, mo);
     Context ctx;
+    if (cs.sums) model.request_grad_sum_squares();
     Allocator& a = allocator_for(Device::cpu());
     a.reset_peaks();
     const MemStats before = a.stats();
@@ -217,18 +222,26 @@ TEST(PlanTrace, ReplayEqualsTheAllocatorOnTheCpuModel) {
     s.router_stats = cs.router_stats;
     s.z_loss = cs.z != 0.0f;
     s.recompute = cs.rc;
+    s.grad_sums = cs.sums;
     const TraceResult r = trace_micro_batch(cfg, s);
     const std::string what = std::string(cs.preset) + " recompute " + recompute_name(cs.rc) + " z " +
                              std::to_string(cs.z) + (cs.fused ? " fused" : " forward+backward") + " chunk " +
-                             std::to_string(s.ce_chunk) + " of " + std::to_string(T);
+                             std::to_string(s.ce_chunk) + " of " + std::to_string(T) + (cs.sums ? " with sums" : "");
     for (MemCategory c : {MemCategory::kActivations, MemCategory::kWorkspace, MemCategory::kOther}) {
       const size_t i = static_cast<size_t>(c);
       EXPECT_EQ(r.category_peak[i], static_cast<double>(after.peak[i] - before.current[i]))
           << what << " category " << mem_category_name(c);
     }
     EXPECT_EQ(r.total_peak, static_cast<double>(after.total_peak - before.total_current)) << what;
-    // Everything is freed.
-    EXPECT_EQ(static_cast<double>(after.total_current - before.total_current), 0.0) << what;
+    // Everything is freed but the gradient sum of squares, kept for the optimizer until the next pass.
+    EXPECT_EQ(static_cast<double>(after.total_current - before.total_current), cs.sums ? 8.0 : 0.0) << what;
+    if (cs.sums) {
+      ASSERT_NE(model.grad_sum_squares(), nullptr) << what;
+      a.reset_peaks();
+      const MemStats mid = a.stats();
+      { ForwardResult r2 = model.forward_backward(ctx, batch, g); }  // a new pass (no sums asked) releases it
+      EXPECT_EQ(static_cast<double>(a.stats().total_current) - static_cast<double>(mid.total_current), -8.0) << what;
+    }
   }
 }
 
@@ -413,6 +426,7 @@ TEST(PlanTrace, InBackwardUpdateWithoutExpertGradientsEqualsTheAllocator) {
   Qwen3Model model(p, ModelOptions{});
   Context ctx;
   model.set_overwrite_matrix_grads();
+  model.request_grad_sum_squares();  // as the trainer does with the update in backward
   model.request_in_backward_updates(opt.in_backward_targets(ctx, 1e-3, experts));
   a.reset_peaks();
   const MemStats before = a.stats();
@@ -468,9 +482,43 @@ TEST(PlanMemory, FusedInBackwardUpdateNeedsNoGradientWorkspaceOnHopper) {
   };
   const DType F = DType::kF32, B = DType::kBF16;
   const double all_bf16 = workspace(B, B, B, B), all_f32 = workspace(F, F, F, F), mixed = workspace(B, B, B, F);
-  EXPECT_EQ(all_bf16, all_f32);
+  // Alike but for the fused norm's per-tile sums of the gate_up dW: 128 x 256 tiles for a bf16 gradient,
+  // 128 x 128 for f32 (128 experts x 12 row tiles x 8 or 16 column tiles, 8 bytes each).
+  EXPECT_EQ(all_f32 - all_bf16, 8.0 * 128 * 12 * (16 - 8));
   // the mix borrows one expert matrix's bf16 gradient (gate_up: 128 x 1536 x 2048 x 2 B)
   EXPECT_GE(mixed - all_bf16, 2.0 * 128 * 1536 * 2048 - 1.0);
+}
+
+// The Hopper expert dW kernels' per-tile sums of squares (the fused gradient norm) are workspace while
+// each dW runs. On an H200 (round 44, tests/gpu/plan_check.sh) the 2-layer Qwen3-30B-A3B proxy at seq
+// 4096 with f32 gradients read 196,608 bytes of workspace over a plan without them: the gate_up dW's
+// 128 experts x 12 x 16 tiles of 128 x 128, 8 bytes each, at the workspace peak.
+TEST(PlanTrace, ExpertDwSumPartialsAtTheWorkspacePeakOnHopper) {
+  const ModelConfig cfg = ModelConfig::preset("qwen3-30b-a3b");
+  TraceShape s;
+  s.tokens = 4096;
+  s.expert_rows = 4096 * cfg.num_experts_per_tok;
+  s.num_layers = 2;
+  s.vocab_local = cfg.vocab_size;
+  s.ce_chunk = loss_head_chunk_rows(4096, cfg.vocab_size, DType::kBF16, 0, ModelOptions{}.ce_chunk_bytes);
+  s.hopper = true;
+  const double ws0 = trace_micro_batch(cfg, s).category_peak[static_cast<size_t>(MemCategory::kWorkspace)];
+  s.expert_dw_partials_gate_up = 8.0 * 128 * 12 * 16;
+  s.expert_dw_partials_down = 8.0 * 128 * 16 * 6;
+  const double ws1 = trace_micro_batch(cfg, s).category_peak[static_cast<size_t>(MemCategory::kWorkspace)];
+  EXPECT_EQ(ws1 - ws0, 196608.0);
+  s.grad_sums = false;  // no fused norm, no partials
+  EXPECT_EQ(trace_micro_batch(cfg, s).category_peak[static_cast<size_t>(MemCategory::kWorkspace)], ws0 - 8.0);
+  // What plan_memory puts there for that run (f32 gradients, AdamW after the step).
+  PlanInput in;
+  in.model = cfg;
+  in.model.num_hidden_layers = 2;
+  in.seq_length = 4096;
+  const Hardware h200 = Hardware::preset("h200", 1);
+  const double planned = plan_memory(in, h200).category_peak[static_cast<size_t>(MemCategory::kWorkspace)];
+  in.main_grads_dtype = DType::kBF16;  // 256-wide tiles: half the partials
+  EXPECT_EQ(planned - plan_memory(in, h200).category_peak[static_cast<size_t>(MemCategory::kWorkspace)],
+            8.0 * 128 * 12 * 8);
 }
 
 }  // namespace
