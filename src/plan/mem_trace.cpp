@@ -415,15 +415,21 @@ struct ForwardState {
 
 // Qwen3Model::run_forward_ (kTrain) of one micro-batch on this stage, with the head fused
 // (forward_backward: the head's backward runs here and leaves dh) or not (DPO's forward()).
+// The trainer's Batch on the device: tokens, positions, cu_seqlens, labels, loss_weights.
+std::vector<int> batch_tensors(Trace& t, const Dims& d, const TraceShape& s) {
+  std::vector<int> ids;
+  if (!s.batch_on_device) return ids;
+  const MemCategory bc = s.on_cuda ? kAct : MemCategory::kOther;
+  for (const char* n : {"tokens", "positions"}) ids.push_back(t.alloc(TraceGroup::kBatch, bc, d.T * 4, n));
+  ids.push_back(t.alloc(TraceGroup::kBatch, bc, (static_cast<double>(s.num_docs) + 1) * 4, "cu_seqlens"));
+  for (const char* n : {"labels", "loss_weights"}) ids.push_back(t.alloc(TraceGroup::kBatch, bc, d.T * 4, n));
+  return ids;
+}
+
 ForwardState forward(Trace& t, const ModelConfig& c, const Dims& d, const TraceShape& s) {
   ForwardState f;
   const double T = d.T, dt = d.dt;
-  if (s.batch_on_device) {  // the trainer's Batch: tokens, positions, cu_seqlens, labels, loss_weights
-    const MemCategory bc = s.on_cuda ? kAct : MemCategory::kOther;
-    for (const char* n : {"tokens", "positions"}) f.batch.push_back(t.alloc(TraceGroup::kBatch, bc, T * 4, n));
-    f.batch.push_back(t.alloc(TraceGroup::kBatch, bc, (static_cast<double>(s.num_docs) + 1) * 4, "cu_seqlens"));
-    for (const char* n : {"labels", "loss_weights"}) f.batch.push_back(t.alloc(TraceGroup::kBatch, bc, T * 4, n));
-  }
+  f.batch = batch_tensors(t, d, s);
   if (!s.on_cuda) {  // Batch::validate reads tokens, positions, cu_seqlens, labels through host copies
     std::vector<int> v;
     for (double b : {T * 4, T * 4, (static_cast<double>(s.num_docs) + 1) * 4, T * 4})
@@ -537,6 +543,10 @@ void backward(Trace& t, const ModelConfig& c, const Dims& d, const TraceShape& s
 TraceResult trace_micro_batch(const ModelConfig& cfg, const TraceShape& s) {
   Trace t;
   const Dims d = dims_of(cfg, s);
+  // The other micro-batches' Batch tensors that the trainer already holds (DPO's pair batches).
+  std::vector<int> held;
+  for (int64_t m = 1; m < s.batches_held; ++m)
+    for (int id : batch_tensors(t, d, s)) held.push_back(id);
   std::vector<ForwardState> fs;
   const int64_t n = std::max<int64_t>(1, s.in_flight);
   for (int64_t m = 0; m < n; ++m) {
@@ -544,6 +554,7 @@ TraceResult trace_micro_batch(const ModelConfig& cfg, const TraceShape& s) {
     fs.push_back(forward(t, cfg, d, s));
   }
   for (auto& f : fs) backward(t, cfg, d, s, f);
+  for (int id : held) t.free(id);
   return t.analyze();
 }
 

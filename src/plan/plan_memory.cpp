@@ -236,6 +236,9 @@ StagePlan plan_stage(const PlanInput& in, const Hardware& hw, int64_t first, int
   ts.width_div = lay.tp;
   ts.ep = lay.ep;
   ts.in_flight = in_flight;
+  // DPO builds every pair batch of the step before its first pass (train/trainer.cpp), so their Batch
+  // tensors are alive together: as many as the step's micro-batches on this rank.
+  ts.batches_held = in.objective == Objective::kDpo ? std::max<int64_t>(1, gbs / (in.micro_batch_size * lay.dp)) : 1;
   ts.dtype_bytes = cpu ? 4 : 2;
   ts.ce_chunk = loss_head_chunk_rows(ts.tokens, ts.vocab_local, cpu ? DType::kF32 : DType::kBF16, in.ce_chunk_tokens,
                                      kCeChunkBytes);

@@ -3,7 +3,8 @@
 # one-token-per-byte tokenizer, preference pairs in JSONL prepared on the fly by the trainer.
 # Checks: the reference log-probs are computed once and reused on resume; 4 steps + resume + 4
 # steps end bit-identical to 8 straight steps; metrics.jsonl, TensorBoard and the plot carry the
-# DPO metrics with finite values; wrong data formats are refused with a clear message.
+# DPO metrics with finite values; the memory plan equals the allocator's peaks to the byte; wrong data
+# formats are refused with a clear message.
 set -euo pipefail
 MT=$(realpath "${1:?usage: train_dpo.sh MOETRAIN_BINARY}")
 W=$(mktemp -d /tmp/mt_e2e_dpo.XXXXXX)
@@ -75,6 +76,26 @@ PY
 grep -q "preference accuracy" "$R/training.svg" || fail "plot has no DPO panels"
 grep -aq "train/rewards/accuracy" "$R"/tensorboard/events.* || fail "TensorBoard has no DPO scalars"
 grep -q "acc .* margin .* logp+ " "$W/second.log" || fail "console line lacks DPO metrics"
+
+# The memory plan of a DPO step (two micro-batches of two pairs: the trainer holds both pair batches
+# before its first pass) equals the allocator's peaks to the byte, every category, over three steps.
+P=$W/planned
+"$MT" plan "$W/cfg.yaml" --json logging.run_dir="$P" > "$W/plan.json" 2> "$W/plan.err" || { cat "$W/plan.err"; fail "plan"; }
+"$MT" train "$W/cfg.yaml" logging.run_dir="$P" training.train_iters=3 training.eval_interval=0 \
+  checkpoint.save_interval=0 > "$W/planned.log" 2>&1 || { cat "$W/planned.log"; fail "planned run"; }
+python3 - "$W/plan.json" "$P/metrics.jsonl" <<'PY' || fail "DPO memory plan differs from the allocator"
+import json, sys
+plan = json.load(open(sys.argv[1]))["memory"]
+recs = [r for r in (json.loads(l) for l in open(sys.argv[2]) if l.strip()) if r.get("type") == "train" and "memory" in r]
+assert len(recs) == 3, len(recs)
+off = {}
+for cat in ["weights", "gradients", "master", "optimizer", "activations", "workspace", "other", "total"]:
+    pred = plan["allocator_peak"] if cat == "total" else plan["category_peak"][cat]
+    meas = max(r["memory"][cat]["peak"] for r in recs)
+    if pred != meas:
+        off[cat] = meas - pred
+assert not off, f"measured - planned bytes: {off}"
+PY
 
 # Wrong data: a chat file for DPO, preference data for SFT.
 echo '{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"}]}' > "$W/chat.jsonl"
