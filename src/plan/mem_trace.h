@@ -26,7 +26,7 @@ struct TraceShape {
   int64_t width_div = 1;     // tp: head-split widths (q, k, v, attention, dense MLP) divide by it
   int64_t ep = 1;
   int64_t in_flight = 1;     // micro-batches whose activations are held at once (pipeline stage 0)
-  int64_t batches_held = 1;  // micro-batches whose Batch tensors are alive at once (DPO builds a step's all first)
+  int64_t batches_held = 1;  // micro-batches whose Batch tensors are alive at once (DPO: all of a step's)
   int64_t ce_chunk = 0;      // loss-head rows per chunk (loss_head_chunk_rows); 0: all T rows
   int dtype_bytes = 2;       // activation dtype: 2 (bf16 on GPU) or 4 (f32 CPU path)
   bool head = true;          // final norm + lm_head + CE on this stage
