@@ -413,8 +413,6 @@ struct ForwardState {
   int hl = -1, fn = -1, rstd = -1, nll = -1, dh = -1;
 };
 
-// Qwen3Model::run_forward_ (kTrain) of one micro-batch on this stage, with the head fused
-// (forward_backward: the head's backward runs here and leaves dh) or not (DPO's forward()).
 // The trainer's Batch on the device: tokens, positions, cu_seqlens, labels, loss_weights.
 std::vector<int> batch_tensors(Trace& t, const Dims& d, const TraceShape& s) {
   std::vector<int> ids;
@@ -426,6 +424,8 @@ std::vector<int> batch_tensors(Trace& t, const Dims& d, const TraceShape& s) {
   return ids;
 }
 
+// Qwen3Model::run_forward_ (kTrain) of one micro-batch on this stage, with the head fused
+// (forward_backward: the head's backward runs here and leaves dh) or not (DPO's forward()).
 ForwardState forward(Trace& t, const ModelConfig& c, const Dims& d, const TraceShape& s) {
   ForwardState f;
   const double T = d.T, dt = d.dt;
