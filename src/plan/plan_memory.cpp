@@ -238,7 +238,8 @@ StagePlan plan_stage(const PlanInput& in, const Hardware& hw, int64_t first, int
   ts.in_flight = in_flight;
   // DPO builds every pair batch of the step before its first pass (train/trainer.cpp), so their Batch
   // tensors are alive together: as many as the step's micro-batches on this rank.
-  ts.batches_held = in.objective == Objective::kDpo ? std::max<int64_t>(1, gbs / (in.micro_batch_size * lay.dp)) : 1;
+  const int64_t passes = std::max<int64_t>(1, gbs / (in.micro_batch_size * lay.dp));  // micro-batches a step
+  ts.batches_held = in.objective == Objective::kDpo ? passes : 1;
   ts.dtype_bytes = cpu ? 4 : 2;
   ts.ce_chunk = loss_head_chunk_rows(ts.tokens, ts.vocab_local, cpu ? DType::kF32 : DType::kBF16, in.ce_chunk_tokens,
                                      kCeChunkBytes);
@@ -255,8 +256,10 @@ StagePlan plan_stage(const PlanInput& in, const Hardware& hw, int64_t first, int
   if (ts.hopper && c.is_moe()) {
     // The fused gradient norm's per-tile sums of the Hopper expert dW kernels (8 bytes a tile of 128
     // rows by 256 columns for a bf16 gradient or a written f32 one, by 128 columns for an f32 +=;
-    // gwd::dw_tiles): the first step adds into the zeroed buffers, so an f32 gradient takes 128.
-    const int64_t bn = in.main_grads_dtype == DType::kBF16 || ts.expert_grad_scratch_bytes > 0 ? 256 : 128;
+    // gwd::dw_tiles). Every step's first pass writes the gradient (the first step's too), so an f32
+    // gradient takes 128 only when a later pass of the step adds to it.
+    const bool f32_added = in.main_grads_dtype != DType::kBF16 && ts.expert_grad_scratch_bytes == 0 && passes > 1;
+    const int64_t bn = f32_added ? 128 : 256;
     const double experts = static_cast<double>(c.num_experts / lay.ep);
     auto partials = [&](int64_t K, int64_t M) {
       return 8.0 * experts * static_cast<double>((M + 127) / 128) * static_cast<double>((K + bn - 1) / bn);

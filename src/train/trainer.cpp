@@ -193,6 +193,9 @@ void Trainer::setup_model_() {
   mo.ce_chunk_tokens = cfg_.model.ce_chunk_tokens;
   model_opts_ = mo;
   model_ = std::make_unique<Qwen3Model>(params_, mo);
+  // The gradients start at zero, so the first step's first pass writes the matrix gradients as
+  // every later step's does (the same values; step 1 then runs the same kernels and scratch).
+  model_->set_overwrite_matrix_grads();
 }
 
 // Objective dpo: the pairs loader and the reference log-probs of the starting weights (params_

@@ -482,9 +482,9 @@ TEST(PlanMemory, FusedInBackwardUpdateNeedsNoGradientWorkspaceOnHopper) {
   };
   const DType F = DType::kF32, B = DType::kBF16;
   const double all_bf16 = workspace(B, B, B, B), all_f32 = workspace(F, F, F, F), mixed = workspace(B, B, B, F);
-  // Alike but for the fused norm's per-tile sums of the gate_up dW: 128 x 256 tiles for a bf16 gradient,
-  // 128 x 128 for f32 (128 experts x 12 row tiles x 8 or 16 column tiles, 8 bytes each).
-  EXPECT_EQ(all_f32 - all_bf16, 8.0 * 128 * 12 * (16 - 8));
+  // Alike, the fused norm's per-tile sums of the dW included: one micro-batch writes the gradient (the
+  // first step too), so an f32 one takes the bf16 one's 128 x 256 tiles.
+  EXPECT_EQ(all_f32, all_bf16);
   // the mix borrows one expert matrix's bf16 gradient (gate_up: 128 x 1536 x 2048 x 2 B)
   EXPECT_GE(mixed - all_bf16, 2.0 * 128 * 1536 * 2048 - 1.0);
 }
@@ -492,7 +492,8 @@ TEST(PlanMemory, FusedInBackwardUpdateNeedsNoGradientWorkspaceOnHopper) {
 // The Hopper expert dW kernels' per-tile sums of squares (the fused gradient norm) are workspace while
 // each dW runs. On an H200 (round 44, tests/gpu/plan_check.sh) the 2-layer Qwen3-30B-A3B proxy at seq
 // 4096 with f32 gradients read 196,608 bytes of workspace over a plan without them: the gate_up dW's
-// 128 experts x 12 x 16 tiles of 128 x 128, 8 bytes each, at the workspace peak.
+// 128 experts x 12 x 16 tiles of 128 x 128, 8 bytes each, at the workspace peak (the first step's
+// +=; since the first step writes too, a run of one micro-batch a step takes half that).
 TEST(PlanTrace, ExpertDwSumPartialsAtTheWorkspacePeakOnHopper) {
   const ModelConfig cfg = ModelConfig::preset("qwen3-30b-a3b");
   TraceShape s;
@@ -515,10 +516,15 @@ TEST(PlanTrace, ExpertDwSumPartialsAtTheWorkspacePeakOnHopper) {
   in.model.num_hidden_layers = 2;
   in.seq_length = 4096;
   const Hardware h200 = Hardware::preset("h200", 1);
-  const double planned = plan_memory(in, h200).category_peak[static_cast<size_t>(MemCategory::kWorkspace)];
-  in.main_grads_dtype = DType::kBF16;  // 256-wide tiles: half the partials
-  EXPECT_EQ(planned - plan_memory(in, h200).category_peak[static_cast<size_t>(MemCategory::kWorkspace)],
-            8.0 * 128 * 12 * 8);
+  auto planned = [&](DType grads, int64_t global_batch) {
+    in.main_grads_dtype = grads, in.global_batch_size = global_batch;
+    return plan_memory(in, h200).category_peak[static_cast<size_t>(MemCategory::kWorkspace)];
+  };
+  // Every step's first pass writes the gradient (the first step's too, since the trainer starts with
+  // the overwrite flag set): one micro-batch takes 128 x 256 tiles in f32 as in bf16.
+  EXPECT_EQ(planned(DType::kF32, 1), planned(DType::kBF16, 1));
+  // A second micro-batch adds to an f32 gradient on 128 x 128 tiles: twice the gate_up dW's partials.
+  EXPECT_EQ(planned(DType::kF32, 2) - planned(DType::kBF16, 2), 8.0 * 128 * 12 * 8);
 }
 
 }  // namespace
