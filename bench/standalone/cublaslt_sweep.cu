@@ -4,6 +4,9 @@
 // docs/design/kernels.md ("Loss head: chunked vs unfused"); not part of the build (round 38, docs/performance.md).
 //   nvcc -O2 -std=c++17 -arch=sm_90a bench/standalone/cublaslt_sweep.cu -lcublasLt -lcublas -o /tmp/sweep
 //   /tmp/sweep [rows ...]   (default 820 4096)
+//   /tmp/sweep layer        (a Qwen3-30B-A3B layer's cuBLAS GEMMs at 4096 tokens: q|k|v and o projections,
+//                            forward, dx, dW bf16 and f32 +=; round 45)
+//   /tmp/sweep dense06      (Qwen3-0.6B's at 4 x 4096 tokens: q|k|v, o, gate|up, down; f32 dW +=)
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -58,9 +61,28 @@ struct Case {
 };
 
 
+// Row-major C[M,N] = op(A) op(B) as ops::matmul issues it (the column-major C^T = op(B)^T op(A)^T):
+// A is [M,K] (ta N) or [K,M] (ta T), B is [K,N] (tb N) or [N,K] (tb T), all dense.
+Case row_major(const char* name, int M, int N, int K, bool ta, bool tb, cudaDataType_t ct, float beta) {
+  Case c{};
+  c.name = name;
+  c.ta = tb ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLAS's A is our B
+  c.tb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  c.m = N, c.n = M, c.k = K;
+  c.lda = tb ? K : N;
+  c.ldb = ta ? M : K;
+  c.ldc = N;
+  c.ct = ct;
+  c.beta = beta;
+  return c;
+}
+
 int main(int argc, char** argv) {
+  const bool dense = argc > 1 && std::strcmp(argv[1], "dense06") == 0;
+  const bool layer = dense || (argc > 1 && std::strcmp(argv[1], "layer") == 0);
   std::vector<int> rows_list;
-  for (int i = 1; i < argc; ++i) rows_list.push_back(std::atoi(argv[i]));
+  for (int i = 1; i < argc && !layer; ++i) rows_list.push_back(std::atoi(argv[i]));
+  if (layer) rows_list = {dense ? 16384 : 4096};
   if (rows_list.empty()) rows_list = {820, 4096};
   const int V = 151936, H = 2048, maxr = *std::max_element(rows_list.begin(), rows_list.end());
   __nv_bfloat16 *w, *x, *d;
@@ -106,18 +128,50 @@ int main(int argc, char** argv) {
     std::sort(t.begin(), t.end());
     return t[t.size() / 2];
   };
-  std::printf("case | rows | default ms | TFLOP/s | best Lt ms | TFLOP/s | best same-bits Lt ms | algos (same bits / offered)\n");
+  std::printf("case | rows | default ms | TFLOP/s | best Lt ms | TFLOP/s | best same-bits Lt ms | same bits, no workspace | algos (same bits / offered)\n");
   for (int rows : rows_list) {
-    const Case cases[] = {
+    std::vector<Case> cases = {
         {"logits [n,V] = X W^T, bf16", CUBLAS_OP_T, CUBLAS_OP_N, V, rows, H, H, H, V, CUDA_R_16BF, 0.0f},
         {"dx [n,H] = D W, bf16", CUBLAS_OP_N, CUBLAS_OP_N, H, rows, V, H, V, H, CUDA_R_16BF, 0.0f},
         {"dW [V,H] += D^T X, f32", CUBLAS_OP_N, CUBLAS_OP_T, H, V, rows, H, V, H, CUDA_R_32F, 1.0f},
         {"dW [V,H] += D^T X, bf16", CUBLAS_OP_N, CUBLAS_OP_T, H, V, rows, H, V, H, CUDA_R_16BF, 1.0f},
     };
+    if (layer) {  // T 4096, hidden 2048, q|k|v 5120 wide, attention 4096 wide; operands from the big buffers
+      const int T = rows, QKV = 5120, AW = 4096;
+      cases = {
+          row_major("qkv fwd [T,5120] = X Wqkv^T, bf16", T, QKV, H, false, true, CUDA_R_16BF, 0.0f),
+          row_major("qkv dx [T,H] = dY Wqkv, bf16", T, H, QKV, false, false, CUDA_R_16BF, 0.0f),
+          row_major("qkv dW [5120,H] += dY^T X, bf16", QKV, H, T, true, false, CUDA_R_16BF, 1.0f),
+          row_major("qkv dW [5120,H] += dY^T X, f32", QKV, H, T, true, false, CUDA_R_32F, 1.0f),
+          row_major("o fwd [T,H] = A Wo^T, bf16", T, H, AW, false, true, CUDA_R_16BF, 0.0f),
+          row_major("o dx [T,4096] = dY Wo, bf16", T, AW, H, false, false, CUDA_R_16BF, 0.0f),
+          row_major("o dW [H,4096] += dY^T A, bf16", H, AW, T, true, false, CUDA_R_16BF, 1.0f),
+          row_major("o dW [H,4096] += dY^T A, f32", H, AW, T, true, false, CUDA_R_32F, 1.0f),
+      };
+      if (dense) {  // hidden 1024, q|k|v 4096 wide, attention 2048 wide, MLP 3072
+        const int D = 1024, DQKV = 4096, DA = 2048, F = 3072;
+        cases = {
+            row_major("0.6B qkv fwd, bf16", T, DQKV, D, false, true, CUDA_R_16BF, 0.0f),
+            row_major("0.6B qkv dx, bf16", T, D, DQKV, false, false, CUDA_R_16BF, 0.0f),
+            row_major("0.6B qkv dW +=, f32", DQKV, D, T, true, false, CUDA_R_32F, 1.0f),
+            row_major("0.6B o fwd, bf16", T, D, DA, false, true, CUDA_R_16BF, 0.0f),
+            row_major("0.6B o dx, bf16", T, DA, D, false, false, CUDA_R_16BF, 0.0f),
+            row_major("0.6B o dW +=, f32", D, DA, T, true, false, CUDA_R_32F, 1.0f),
+            row_major("0.6B gate|up fwd, bf16", T, 2 * F, D, false, true, CUDA_R_16BF, 0.0f),
+            row_major("0.6B gate|up dx, bf16", T, D, 2 * F, false, false, CUDA_R_16BF, 0.0f),
+            row_major("0.6B gate|up dW +=, f32", 2 * F, D, T, true, false, CUDA_R_32F, 1.0f),
+            row_major("0.6B down fwd, bf16", T, D, F, false, true, CUDA_R_16BF, 0.0f),
+            row_major("0.6B down dx, bf16", T, F, D, false, false, CUDA_R_16BF, 0.0f),
+            row_major("0.6B down dW +=, f32", D, F, T, true, false, CUDA_R_32F, 1.0f),
+        };
+      }
+    }
     for (const Case& cs : cases) {
-      // A is W or X, B is X or D, by the case (column-major view of the row-major tensors).
-      const void* A = (std::strstr(cs.name, "logits") || std::strstr(cs.name, "dx")) ? (void*)w : (void*)x;
-      const void* B = std::strstr(cs.name, "logits") ? (void*)x : (void*)d;
+      // A is W or X, B is X or D, by the case (column-major view of the row-major tensors); the layer's
+      // cases take both operands from the large random buffers.
+      const void* A = layer ? (void*)w
+                            : (std::strstr(cs.name, "logits") || std::strstr(cs.name, "dx")) ? (void*)w : (void*)x;
+      const void* B = layer ? (void*)d : std::strstr(cs.name, "logits") ? (void*)x : (void*)d;
       const size_t cb = (size_t)cs.ldc * cs.n * (cs.ct == CUDA_R_32F ? 4 : 2);
       const float alpha = 1.0f;
       auto reset = [&] { CK(cudaMemcpyAsync(c, c0, cb, cudaMemcpyDeviceToDevice, s)); };
@@ -147,7 +201,7 @@ int main(int argc, char** argv) {
       cublasLtMatmulHeuristicResult_t res[24];
       int got = 0;
       CB(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 24, res, &got));
-      float best = 1e9f, best_same = 1e9f;
+      float best = 1e9f, best_same = 1e9f, best_same_nows = 1e9f;
       int same = 0;
       for (int i = 0; i < got; ++i) {
         auto run = [&] {
@@ -178,10 +232,11 @@ int main(int argc, char** argv) {
         if (eq) {
           ++same;
           best_same = std::min(best_same, t);
+          if (res[i].workspaceSize == 0) best_same_nows = std::min(best_same_nows, t);
         }
       }
-      std::printf("%s | %d | %.3f | %.0f | %.3f | %.0f | %.3f | %d / %d\n", cs.name, rows, t_def, flop / t_def / 1e9,
-                  best, flop / best / 1e9, best_same, same, got);
+      std::printf("%s | %d | %.3f | %.0f | %.3f | %.0f | %.3f | %.3f | %d / %d\n", cs.name, rows, t_def,
+                  flop / t_def / 1e9, best, flop / best / 1e9, best_same, best_same_nows, same, got);
       std::fflush(stdout);
       cublasLtMatmulPreferenceDestroy(pref);
       cublasLtMatrixLayoutDestroy(la);

@@ -59,6 +59,7 @@ Context::Context(Device device, uint64_t seed, int rank)
   cublasLtHandle_t lt;
   MT_CUBLAS_CHECK(cublasLtCreate(&lt));
   cublaslt_ = lt;
+  MT_CUDA_CHECK(cudaMalloc(&cublaslt_ws_, kCublasLtWorkspaceBytes + 16));
 #else
   MT_FAIL("[context] device {} requested, but this build has no CUDA backend", device.str());
 #endif
@@ -67,6 +68,7 @@ Context::Context(Device device, uint64_t seed, int rank)
 Context::~Context() {
 #ifdef MT_WITH_CUDA
   if (workspace_) allocator_for(device_).deallocate(workspace_, workspace_bytes_, MemCategory::kWorkspace);
+  if (cublaslt_ws_) cudaFree(cublaslt_ws_);
   if (cublaslt_) cublasLtDestroy(static_cast<cublasLtHandle_t>(cublaslt_));
   if (cublas_) cublasDestroy(static_cast<cublasHandle_t>(cublas_));
   if (stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));

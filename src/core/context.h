@@ -47,6 +47,12 @@ class Context {
   void* stream() const { return stream_; }
   void* cublas_handle() const { return cublas_; }
   void* cublaslt_handle() const { return cublaslt_; }
+  // cuBLASLt's scratch for this stream's GEMMs (kCublasLtWorkspaceBytes; allocated with the handles,
+  // outside the allocator, as cuBLAS's own workspace is): ops::matmul takes only algorithms that
+  // fit. 16 more bytes after it hold the GEMM tuner's checksum of an output.
+  static constexpr size_t kCublasLtWorkspaceBytes = 4096;
+  void* cublaslt_workspace() const { return cublaslt_ws_; }
+  void* gemm_check_scratch() const { return cublaslt_ws_ ? static_cast<char*>(cublaslt_ws_) + kCublasLtWorkspaceBytes : nullptr; }
   // A reusable device workspace of at least `bytes` (grown on demand, never shrunk).
   void* workspace(size_t bytes);
   size_t workspace_bytes() const { return workspace_bytes_; }
@@ -65,6 +71,7 @@ class Context {
   void* stream_ = nullptr;
   void* cublas_ = nullptr;
   void* cublaslt_ = nullptr;
+  void* cublaslt_ws_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
 };

@@ -5,6 +5,7 @@
 
 #include "backend_util.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "kernels/ops.h"
 
 namespace moetrain::test {
@@ -173,6 +174,58 @@ TEST(Backend, Matmul) {
     // The whole matrix: columns outside the view must keep their initial values on both sides.
     check("matmul", "row-strided views", c, 1e-5);
   }
+}
+
+// The bf16 GEMM tuner (kernels/cuda/matmul.cu) times cuBLASLt's offers per shape and keeps the
+// fastest whose output has cublasGemmEx's default bits (a checksum), so a run's numbers never depend
+// on which offer its timing chose. Each case: a beta = 0 call (it tunes the shape) and the case's own
+// call, tuned against untuned, bit for bit; and how many offers the checksum turned away. Shapes of
+// a Qwen3-30B-A3B layer and loss head at 4096 tokens, and odd ones (on an H200, 6 offers for the
+// 37 x 53 x 72 case write other bits).
+TEST(Backend, MatmulTunedKeepsTheDefaultsBits) {
+  MT_REQUIRE_GPU();
+  struct Case { const char* name; int64_t M, N, K; bool ta, tb; DType out; float alpha, beta; };
+  const Case cases[] = {
+      {"q|k|v forward", 4096, 5120, 2048, false, true, DType::kBF16, 1.0f, 0.0f},
+      {"q|k|v dx", 4096, 2048, 5120, false, false, DType::kBF16, 1.0f, 0.0f},
+      {"q|k|v dW f32 +=", 5120, 2048, 4096, true, false, DType::kF32, 1.0f, 1.0f},
+      {"o dW bf16 +=", 2048, 4096, 4096, true, false, DType::kBF16, 1.0f, 1.0f},
+      {"logits, 820 rows", 820, 151936, 2048, false, true, DType::kBF16, 1.0f, 0.0f},
+      {"lm_head dW bf16 +=, 820 rows", 151936, 2048, 820, true, false, DType::kBF16, 1.0f, 1.0f},
+      {"odd", 37, 53, 72, false, true, DType::kF32, 1.0f, 0.0f},
+      {"odd, alpha 0.5 beta 0.5 (the default path)", 37, 53, 72, false, true, DType::kF32, 0.5f, 0.5f},
+      {"odd, transposed", 1000, 1000, 1000, true, true, DType::kBF16, 1.0f, 0.0f},
+  };
+  int offers = 0, turned_away = 0;
+  for (const Case& c : cases) {
+    const Shape sa = c.ta ? Shape{c.K, c.M} : Shape{c.M, c.K}, sb = c.tb ? Shape{c.N, c.K} : Shape{c.K, c.N};
+    const Trans ta = c.ta ? Trans::kYes : Trans::kNo, tb = c.tb ? Trans::kYes : Trans::kNo;
+    Pair a = input(randn(c.M * c.K, 51), sa, DType::kBF16);
+    Pair b = input(randn(c.K * c.N, 52, 0.05f), sb, DType::kBF16);
+    Pair c0 = input(randn(c.M * c.N, 53), {c.M, c.N}, c.out);
+    const cuda::MatmulOfferCheck r = cuda::matmul_check_offers(gpu_ctx(), a.gpu, ta, b.gpu, tb, c0.gpu, c.alpha, c.beta);
+    offers += r.offers;
+    turned_away += r.differing;
+    auto run = [&](bool tune) {
+      cuda::set_matmul_tuning(tune);
+      Tensor x = c0.gpu.clone();
+      Tensor scratch = Tensor::empty({c.M, c.N}, c.out, a.gpu.device());
+      ops::matmul(gpu_ctx(), a.gpu, ta, b.gpu, tb, scratch, 1.0f, 0.0f);  // tunes the shape
+      ops::matmul(gpu_ctx(), a.gpu, ta, b.gpu, tb, x, c.alpha, c.beta);
+      return x.to(Device::cpu());
+    };
+    const Tensor tuned = run(true), plain = run(false);
+    cuda::set_matmul_tuning(true);
+    const bool same = std::memcmp(tuned.data_ptr(), plain.data_ptr(), tuned.nbytes()) == 0;
+    EXPECT_TRUE(same) << c.name << ": the tuned GEMM's bits differ from the default's";
+    check_scalar("matmul tuner", std::string(c.name) + ": tuned == default bits (" + std::to_string(r.differing) +
+                 " of " + std::to_string(r.offers) + " offers turned away)", same ? 1.0 : 0.0, 1.0, 0.0);
+  }
+  EXPECT_GT(offers, 0) << "cuBLASLt offered no algorithm at all";
+  int with_lt = 0;
+  const int shapes = cuda::matmul_tuned_shapes(&with_lt);
+  std::printf("matmul tuner: %d offers checked, %d with other bits; %d shapes timed in this process, %d took a "
+              "cuBLASLt offer\n", offers, turned_away, shapes, with_lt);
 }
 
 TEST(Backend, Rope) {

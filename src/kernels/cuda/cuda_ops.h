@@ -40,6 +40,18 @@ void rmsnorm_backward(Context& ctx, const Tensor& x, const Tensor& w, const Tens
 // ---- GEMM ----------------------------------------------------------------------------------
 void matmul(Context& ctx, const Tensor& a, Trans ta, const Tensor& b, Trans tb, Tensor& c,
             float alpha = 1.0f, float beta = 0.0f);
+// The bf16 GEMM algorithm choice (matmul.cu; MT_MATMUL_TUNE sets the start value): off runs
+// cublasGemmEx's default for every shape. matmul_tuned_shapes: shapes timed so far (with_lt: how
+// many took a cuBLASLt offer). matmul_check_offers (tests): C = alpha op(a) op(b) + beta c_init
+// with the default and with every offer the tuner weighs, counting offers whose output checksum
+// differs from the default's (the tuner never takes those).
+void set_matmul_tuning(bool on);
+int matmul_tuned_shapes(int* with_lt = nullptr);
+struct MatmulOfferCheck {
+  int offers = 0, differing = 0;
+};
+MatmulOfferCheck matmul_check_offers(Context& ctx, const Tensor& a, Trans ta, const Tensor& b, Trans tb,
+                                     const Tensor& c_init, float alpha, float beta);
 
 // ---- RoPE ----------------------------------------------------------------------------------
 void norm_rope_forward(Context& ctx, const Tensor& x, const Tensor& w, float eps, const Tensor& pos, float theta,
