@@ -42,9 +42,10 @@ struct ModelOptions {
   float zloss_coef = 0.0f;
   Recompute recompute = Recompute::kNone;
   bool router_stats = true;  // per-layer health metrics, incl. entropy (device reductions, read once)
-  // Loss head chunking: rows per chunk (> 0), or 0 to fit `ce_chunk_bytes` of logits per chunk.
+  // Loss head chunking: rows per chunk (> 0), or 0 for chunks of at most kCeChunkMaxRows (1024)
+  // rows whose logits fit `ce_chunk_bytes` each (loss_head_chunk_rows).
   int64_t ce_chunk_tokens = 0;
-  size_t ce_chunk_bytes = size_t{256} << 20;
+  size_t ce_chunk_bytes = size_t{512} << 20;
 };
 
 // Router health of one sparse layer for one forward.

@@ -73,6 +73,7 @@ __device__ __forceinline__ unsigned long long mix64(unsigned long long z) {
 }
 __global__ void checksum_kernel(const void* __restrict__ c, int64_t m, int64_t n, int64_t ldc, int bytes,
                                 unsigned long long* __restrict__ out) {
+  pdl_wait();
   unsigned long long acc = 0;
   for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < m * n; e += (int64_t)gridDim.x * blockDim.x) {
     const int64_t col = e / m, row = e - col * m, at = col * ldc + row;
@@ -196,8 +197,8 @@ unsigned long long checksum(Context& ctx, const GemmShape& g, const void* C) {
   auto* out = static_cast<unsigned long long*>(ctx.gemm_check_scratch());
   cudaStream_t st = stream_of(ctx);
   MT_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(*out), st));
-  checksum_kernel<<<grid_for(static_cast<int64_t>(g.m) * g.n), 256, 0, st>>>(C, g.m, g.n, g.ldc,
-                                                                              g.ct == CUDA_R_32F ? 4 : 2, out);
+  launch_pdl(checksum_kernel, grid_for(static_cast<int64_t>(g.m) * g.n), 256, 0, st, C, static_cast<int64_t>(g.m),
+             static_cast<int64_t>(g.n), static_cast<int64_t>(g.ldc), g.ct == CUDA_R_32F ? 4 : 2, out);
   check_launch("matmul checksum");
   unsigned long long v = 0;
   MT_CUDA_CHECK(cudaMemcpyAsync(&v, out, sizeof(v), cudaMemcpyDeviceToHost, st));

@@ -65,6 +65,14 @@ TEST(LossHead, ChunkRowsFollowTokensOrBytes) {
   // Even chunks: 4096 rows at 883 per chunk need 5 chunks, so 820 rows each (not 4 x 883 + 564).
   EXPECT_EQ(loss_head_chunk_rows(4096, 151936, DType::kBF16, 0, size_t{256} << 20), 820);
   EXPECT_EQ(loss_head_chunk_rows(100, 1000, DType::kBF16, 0, 2000 * 30), 25);  // 30 fit: 4 chunks of 25
+  // The default (512 MiB, at most 1024 rows): 1024-row chunks at the Qwen3 vocabulary (297 MiB),
+  // 4 at seq 4096 and 8 at 8192; a vocabulary of 512 Ki entries fits 512 rows.
+  const size_t def = ModelOptions{}.ce_chunk_bytes;
+  EXPECT_EQ(loss_head_chunk_rows(4096, 151936, DType::kBF16, 0, def), 1024);
+  EXPECT_EQ(loss_head_chunk_rows(8192, 151936, DType::kBF16, 0, def), 1024);
+  EXPECT_EQ(loss_head_chunk_rows(4000, 151936, DType::kBF16, 0, def), 1000);  // 4 even chunks
+  EXPECT_EQ(loss_head_chunk_rows(4096, 512 * 1024, DType::kBF16, 0, def), 512);
+  EXPECT_EQ(loss_head_chunk_rows(1 << 20, 1000, DType::kBF16, 0, def), kCeChunkMaxRows);
 }
 
 class HeadChunks : public testing::TestWithParam<bool> {};

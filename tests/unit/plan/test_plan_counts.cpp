@@ -475,6 +475,7 @@ TEST(PlanMemory, FusedInBackwardUpdateNeedsNoGradientWorkspaceOnHopper) {
   in.model.num_hidden_layers = 2;
   in.seq_length = 4096;
   in.update_in_backward = true;
+  in.ce_chunk_tokens = 820;  // below the expert gradient's workspace (1024-row chunks are the workspace peak)
   const Hardware h100 = Hardware::preset("h100", 1);
   auto workspace = [&](DType grads, DType main, DType m, DType v) {
     in.main_grads_dtype = grads, in.main_params_dtype = main, in.exp_avg_dtype = m, in.exp_avg_sq_dtype = v;
@@ -501,7 +502,9 @@ TEST(PlanTrace, ExpertDwSumPartialsAtTheWorkspacePeakOnHopper) {
   s.expert_rows = 4096 * cfg.num_experts_per_tok;
   s.num_layers = 2;
   s.vocab_local = cfg.vocab_size;
-  s.ce_chunk = loss_head_chunk_rows(4096, cfg.vocab_size, DType::kBF16, 0, ModelOptions{}.ce_chunk_bytes);
+  // 820-row loss-head chunks (the default then), whose 238 MiB sit below the expert dW's workspace; the
+  // 1024-row default chunk's 297 MiB are the workspace peak of this 2-layer proxy instead.
+  s.ce_chunk = 820;
   s.hopper = true;
   const double ws0 = trace_micro_batch(cfg, s).category_peak[static_cast<size_t>(MemCategory::kWorkspace)];
   s.expert_dw_partials_gate_up = 8.0 * 128 * 12 * 16;
@@ -515,6 +518,7 @@ TEST(PlanTrace, ExpertDwSumPartialsAtTheWorkspacePeakOnHopper) {
   in.model = cfg;
   in.model.num_hidden_layers = 2;
   in.seq_length = 4096;
+  in.ce_chunk_tokens = 820;
   const Hardware h200 = Hardware::preset("h200", 1);
   auto planned = [&](DType grads, int64_t global_batch) {
     in.main_grads_dtype = grads, in.global_batch_size = global_batch;
