@@ -16,7 +16,7 @@ namespace moetrain {
 // whose logits fit `chunk_bytes` each in the compute dtype, split evenly over T (at least 1 row);
 // never more than T. 1024 rows fill whole 128- and 256-row GEMM tiles, and at K = 1024 the tuned
 // lm_head gradient GEMM keeps up with one over all T rows (docs/design/kernels.md, round 45): on an
-// H200 the head at 1024-row chunks took 0.6-1.0 ms less per 4096 tokens than at 820 (5 chunks).
+// H200 the head at 1024-row chunks took 0.8-1.3 ms less per 4096 tokens than at 820 (5 chunks).
 inline constexpr int64_t kCeChunkMaxRows = 1024;
 int64_t loss_head_chunk_rows(int64_t T, int64_t V, DType dt, int64_t chunk_tokens, size_t chunk_bytes);
 
