@@ -11,7 +11,8 @@
 // (a 64-bit checksum of C against the default's; most offers agree, but on small shapes some use
 // other MMA instructions, and a split K sums in another order). The choice then serves that shape's
 // beta = 0 calls and its alpha = beta = 1 calls (C + AB rounded once, whatever the kernel); other
-// calls run the default. The timing waits on the host once per shape.
+// calls run the default, and so do calls whose operands are not 256-byte aligned (the heuristic
+// assumes that much). The timing waits on the host once per shape.
 #include <cublasLt.h>
 #include <cublas_v2.h>
 
@@ -274,7 +275,11 @@ void matmul(Context& ctx, const Tensor& a, Trans ta, const Tensor& b, Trans tb, 
   MT_CUBLAS_CHECK(cublasSetStream(h, stream_of(ctx)));
   const cublasOperation_t opa = ta == Trans::kNo ? CUBLAS_OP_N : CUBLAS_OP_T;
   const cublasOperation_t opb = tb == Trans::kNo ? CUBLAS_OP_N : CUBLAS_OP_T;
-  if (a.dtype() == DType::kBF16 && tuning_on()) {
+  // The heuristic's offers assume 256-byte aligned operands (cuBLASLt's default for the
+  // MIN_ALIGNMENT preferences); other calls (strided column views) run the default.
+  auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 255) == 0; };
+  if (a.dtype() == DType::kBF16 && tuning_on() && aligned(a.data_ptr()) && aligned(b.data_ptr()) &&
+      aligned(c.data_ptr())) {
     const GemmShape g = shape_of(ctx, a, ta, b, tb, c);
     const GemmChoice* choice = nullptr;
     {
