@@ -12,7 +12,7 @@
 // other MMA instructions, and a split K sums in another order). The choice then serves that shape's
 // beta = 0 calls and its alpha = beta = 1 calls (C + AB rounded once, whatever the kernel); other
 // calls run the default, and so do calls whose operands are not 256-byte aligned (the heuristic
-// assumes that much). The timing waits on the host once per shape.
+// assumes that much) and GEMMs under 2^16 outputs or 2^28 multiply-adds. The timing waits on the host once per shape.
 #include <cublasLt.h>
 #include <cublas_v2.h>
 
@@ -104,6 +104,10 @@ struct GemmChoice {
 };
 
 constexpr size_t kMaxTunedShapes = 512;  // shapes beyond this run the default, untimed
+// Smaller GEMMs run the default, untimed: too short for 1% to matter, and their outputs too small for
+// the checksum to tell another summation order from the default's by every element with certainty.
+constexpr int64_t kMinTunedOutputs = int64_t{1} << 16;
+constexpr double kMinTunedMacs = 268435456.0;  // 2^28
 
 std::mutex& tune_mutex() {
   static std::mutex mu;
@@ -279,7 +283,7 @@ void matmul(Context& ctx, const Tensor& a, Trans ta, const Tensor& b, Trans tb, 
   // MIN_ALIGNMENT preferences); other calls (strided column views) run the default.
   auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 255) == 0; };
   if (a.dtype() == DType::kBF16 && tuning_on() && aligned(a.data_ptr()) && aligned(b.data_ptr()) &&
-      aligned(c.data_ptr())) {
+      aligned(c.data_ptr()) && M * N >= kMinTunedOutputs && static_cast<double>(M * N) * K >= kMinTunedMacs) {
     const GemmShape g = shape_of(ctx, a, ta, b, tb, c);
     const GemmChoice* choice = nullptr;
     {
