@@ -327,6 +327,16 @@ PlanResult plan(const PlanInput& in, const Hardware& hw) {
   if (in.objective == Objective::kGrpo) r.notes.push_back("GRPO: rollout generation time and KV cache are not modeled");
   r.notes.push_back(fmt::format("time assumes MFU {:.2f} of {:.0f} TFLOP/s per GPU (an assumption until measured)", hw.mfu,
                                 hw.peak_tflops));
+  // What one H200 measured for Qwen3-30B-A3B layers (docs/plan.md), so a user sees how far the
+  // assumption may be from this run's precision; --mfu / --mfu-from replace it.
+  if (!hw.cpu) {
+    const bool bf16_state = in.main_params_dtype == DType::kBF16 && in.exp_avg_dtype == DType::kBF16;
+    r.notes.push_back(bf16_state ? "measured on one H200 with bf16 weights, gradients and moments: MFU 0.31-0.33 (give "
+                                   "--mfu or --mfu-from run/metrics.jsonl for this run's)"
+                                 : "measured on one H200 at this precision (f32 master weights / moments): MFU about 0.21 "
+                                   "with one micro-batch a step, 0.27 with four (give --mfu or --mfu-from "
+                                   "run/metrics.jsonl for this run's)");
+  }
   return r;
 }
 

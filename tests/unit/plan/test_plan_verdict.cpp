@@ -58,6 +58,27 @@ TEST(PlanTime, HandComputedFlopsAndTime) {
   EXPECT_NEAR(plan_time(in, hw).pipeline_bubble, 1.0 / (16 + 1), 1e-12);
 }
 
+// The time estimate's MFU is an assumption; the plan says beside it what one H200 measured at the
+// run's precision (docs/plan.md), so a default-precision user is not left with 0.30 alone.
+TEST(PlanTime, NotesTheMeasuredMfuOfTheRunsPrecision) {
+  PlanInput in = qwen30b(8, 8, 4096);
+  const Hardware hw = Hardware::preset("h100", 8);
+  auto noted = [&](const std::string& what) {
+    for (const std::string& n : plan(in, hw).notes)
+      if (n.find(what) != std::string::npos) return true;
+    return false;
+  };
+  EXPECT_TRUE(noted("at this precision (f32 master weights / moments): MFU about 0.21"));
+  in.main_params_dtype = in.exp_avg_dtype = in.exp_avg_sq_dtype = in.main_grads_dtype = DType::kBF16;
+  EXPECT_TRUE(noted("with bf16 weights, gradients and moments: MFU 0.31-0.33"));
+  EXPECT_FALSE(noted("MFU about 0.21"));
+  EXPECT_FALSE([&] {  // a CPU plan has no such note
+    for (const std::string& n : plan(in, Hardware::preset("cpu", 1)).notes)
+      if (n.find("measured on one H200") != std::string::npos) return true;
+    return false;
+  }());
+}
+
 TEST(PlanVerdict, DoesNotFitOnOneGpuAndSuggestsChangesThatFit) {
   PlanInput in = qwen30b(1, 1, 8192);
   const Hardware hw = Hardware::preset("h100", 1);
