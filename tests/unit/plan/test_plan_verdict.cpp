@@ -68,7 +68,7 @@ TEST(PlanTime, NotesTheMeasuredMfuOfTheRunsPrecision) {
       if (n.find(what) != std::string::npos) return true;
     return false;
   };
-  EXPECT_TRUE(noted("at this precision (f32 master weights / moments): MFU about 0.21"));
+  EXPECT_TRUE(noted("with f32 master weights or moments: MFU about 0.21"));
   in.main_params_dtype = in.exp_avg_dtype = in.exp_avg_sq_dtype = in.main_grads_dtype = DType::kBF16;
   EXPECT_TRUE(noted("with bf16 weights, gradients and moments: MFU 0.31-0.33"));
   EXPECT_FALSE(noted("MFU about 0.21"));
