@@ -49,6 +49,7 @@ RATIO_BY_ROUND = [
     (43, [1.97, 2.02, 2.00]),
     (44, [2.01]),
     (45, [2.14, 1.98]),
+    (46, [1.97, 1.97]),
 ]
 
 FONT = 'font-family="DejaVu Sans, Arial, sans-serif"'
