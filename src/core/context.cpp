@@ -59,7 +59,8 @@ Context::Context(Device device, uint64_t seed, int rank)
   cublasLtHandle_t lt;
   MT_CUBLAS_CHECK(cublasLtCreate(&lt));
   cublaslt_ = lt;
-  MT_CUDA_CHECK(cudaMalloc(&cublaslt_ws_, kCublasLtWorkspaceBytes + 16));
+  MT_CUDA_CHECK(cudaMalloc(&cublaslt_ws_, kCublasLtWorkspaceBytes + 16 + 8));
+  MT_CUDA_CHECK(cudaMemset(schedule_counter(), 0, 8));
 #else
   MT_FAIL("[context] device {} requested, but this build has no CUDA backend", device.str());
 #endif

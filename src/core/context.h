@@ -53,6 +53,12 @@ class Context {
   static constexpr size_t kCublasLtWorkspaceBytes = 4096;
   void* cublaslt_workspace() const { return cublaslt_ws_; }
   void* gemm_check_scratch() const { return cublaslt_ws_ ? static_cast<char*>(cublaslt_ws_) + kCublasLtWorkspaceBytes : nullptr; }
+  // 8 bytes after those: the expert GEMMs' dynamic tile schedule, a pair of ints that is zero
+  // between launches on this stream (zeroed once here; every launch leaves it zero).
+  int* schedule_counter() const {
+    return cublaslt_ws_ ? reinterpret_cast<int*>(static_cast<char*>(cublaslt_ws_) + kCublasLtWorkspaceBytes + 16)
+                        : nullptr;
+  }
   // A reusable device workspace of at least `bytes` (grown on demand, never shrunk).
   void* workspace(size_t bytes);
   size_t workspace_bytes() const { return workspace_bytes_; }

@@ -1,10 +1,13 @@
 // Backend test helpers: paired CPU/GPU tensors, guard bytes, comparisons and the results table.
 #include "backend_util.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <thread>
 
 #ifdef MT_WITH_CUDA
 #include <cuda_runtime.h>
@@ -122,20 +125,51 @@ void device_sync() {
 const char* dt_name(DType dt) { return dtype_name(dt); }
 double tol_for(DType dt) { return dt == DType::kBF16 ? kTolBf16 : kTolF32; }
 
-std::vector<float> randn(int64_t n, uint64_t seed, float scale) {
-  std::mt19937_64 g(seed);
-  std::normal_distribution<float> d(0.0f, scale);
+// Random inputs in blocks of 2^20 values: block 0 is the stream of std::mt19937_64(seed), as these
+// helpers drew before they had blocks (so every tensor of up to 2^20 values keeps its values), and
+// block b > 0 draws from a seed mixed from (seed, b). The blocks are filled in parallel: the model-width
+// tests draw tensors of 400 M values, which one thread takes about 10 s each to fill.
+namespace {
+constexpr int64_t kRandBlock = int64_t{1} << 20;
+uint64_t block_seed(uint64_t seed, int64_t b) {
+  if (b == 0) return seed;
+  uint64_t z = seed + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(b);  // splitmix64's finalizer
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+template <class Dist>
+std::vector<float> rand_blocks(int64_t n, uint64_t seed, const Dist& proto) {
   std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = d(g);
+  const int64_t blocks = (n + kRandBlock - 1) / kRandBlock;
+  auto fill = [&](int64_t b) {
+    std::mt19937_64 g(block_seed(seed, b));
+    Dist d = proto;
+    const int64_t end = std::min(n, (b + 1) * kRandBlock);
+    for (int64_t i = b * kRandBlock; i < end; ++i) v[static_cast<size_t>(i)] = d(g);
+  };
+  const int64_t threads = std::min<int64_t>(blocks, std::max(1u, std::thread::hardware_concurrency()));
+  if (threads <= 1) {
+    for (int64_t b = 0; b < blocks; ++b) fill(b);
+    return v;
+  }
+  std::atomic<int64_t> next{0};
+  std::vector<std::thread> pool;
+  for (int64_t t = 0; t < threads; ++t)
+    pool.emplace_back([&] {
+      for (int64_t b = next++; b < blocks; b = next++) fill(b);
+    });
+  for (auto& th : pool) th.join();
   return v;
+}
+}  // namespace
+
+std::vector<float> randn(int64_t n, uint64_t seed, float scale) {
+  return rand_blocks(n, seed, std::normal_distribution<float>(0.0f, scale));
 }
 
 std::vector<float> randu(int64_t n, uint64_t seed, float lo, float hi) {
-  std::mt19937_64 g(seed);
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = d(g);
-  return v;
+  return rand_blocks(n, seed, std::uniform_real_distribution<float>(lo, hi));
 }
 
 Pair input(const std::vector<float>& v, const Shape& shape, DType dt) {
@@ -218,11 +252,21 @@ void check_exact(const std::string& op, const std::string& what, const Pair& p) 
   const Tensor g = to_host_f32(p.gpu);
   const Tensor c = p.cpu;
   int64_t diff = 0, first = -1;
-  for (int64_t i = 0; i < c.numel(); ++i)
-    if (g.get(i) != c.get(i)) {
-      if (first < 0) first = i;
-      ++diff;
-    }
+  if (g.dtype() == DType::kF32 && c.dtype() == DType::kF32) {  // the same test as get()'s, without its dispatch
+    const float* gp = g.data<float>();
+    const float* cp = c.data<float>();
+    for (int64_t i = 0; i < c.numel(); ++i)
+      if (gp[i] != cp[i]) {
+        if (first < 0) first = i;
+        ++diff;
+      }
+  } else {
+    for (int64_t i = 0; i < c.numel(); ++i)
+      if (g.get(i) != c.get(i)) {
+        if (first < 0) first = i;
+        ++diff;
+      }
+  }
   const bool guards_ok = guards_intact(p.gpu);
   record(op, what, dt_name(p.gpu.dtype()), shape_str(p.gpu.shape()), static_cast<double>(diff), 0.0,
          diff == 0 && guards_ok);

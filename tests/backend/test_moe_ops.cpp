@@ -210,9 +210,15 @@ TEST(Backend, MoePermute) {
   }
 }
 
-TEST(Backend, GroupedMatmul) {
-  MT_REQUIRE_GPU();
-  struct Case { std::vector<int32_t> counts; int64_t N, K, M; };
+// grouped_matmul and its backward against the CPU op. The cases (built in one order, so that the random
+// expert counts stay the same): [0, 7) small and Qwen-width ones with 8 experts or fewer and E = 128 at
+// small widths; 7 and 8 the Qwen3-30B-A3B widths with E = 128 (gate_up, down), each its own test because
+// the CPU reference at 400 M weights takes minutes (tests/gpu/run.sh PARALLEL=1 runs them side by side).
+struct GmmCase {
+  std::vector<int32_t> counts;
+  int64_t N, K, M;
+};
+std::vector<GmmCase> grouped_matmul_cases() {
   std::vector<int32_t> qwen(8);
   const int32_t qc[] = {100, 0, 37, 64, 1, 0, 200, 110};  // 512 rows over 8 experts
   std::copy(std::begin(qc), std::end(qc), qwen.begin());
@@ -226,7 +232,7 @@ TEST(Backend, GroupedMatmul) {
   for (size_t e = 0; e < real.size(); ++e) real[e] = static_cast<int32_t>(g() % 7 == 0 ? 0 : g() % 40);
   real[0] = 300, real[1] = 0, real[2] = 1, real[3] = 128, real[4] = 129;
   const int32_t real_rows = std::accumulate(real.begin(), real.end(), 0);
-  const Case cases[] = {
+  return {
       {{5, 0, 70, 1, 0, 64, 3, 100}, 300, 100, 70},  // 243 used rows of 300: unused capacity tail
       {{0, 0, 257, 0}, 257, 48, 33},                  // all rows on one expert
       {{1}, 1, 1, 1},
@@ -237,88 +243,103 @@ TEST(Backend, GroupedMatmul) {
       {real, real_rows + 64, 2048, 1536},             // E = 128 at Qwen widths
       {real, real_rows + 64, 768, 2048},
   };
-  for (const Case& c : cases) {
-    const int64_t E = static_cast<int64_t>(c.counts.size());
-    std::vector<int32_t> off(c.counts.size() + 1, 0);
-    for (size_t e = 0; e < c.counts.size(); ++e) off[e + 1] = off[e] + c.counts[e];
-    const std::string tag = "E" + std::to_string(E) + " N" + std::to_string(c.N) + " K" + std::to_string(c.K) + " M" +
-                            std::to_string(c.M);
-    for (DType dt : {DType::kF32, DType::kBF16}) {
-      if ((c.K == 2048 || (c.counts.size() == 128 && c.K >= 768)) && dt == DType::kF32) continue;  // CPU time
-      const std::string tg = tag + " " + dt_name(dt);
-      Pair x = input(randn(c.N * c.K, 111), {c.N, c.K}, dt);
-      Pair w = input(randn(E * c.M * c.K, 112, 0.05f), {E, c.M, c.K}, dt);
-      Pair o = input_ints(off, {E + 1});
-      Pair y = output({c.N, c.M}, dt);
-      ops::grouped_matmul(gpu_ctx(), x.gpu, w.gpu, o.gpu, y.gpu);
-      cpu::grouped_matmul(cpu_ctx(), x.cpu, w.cpu, o.cpu, y.cpu);
-      check("grouped_matmul", "y " + tg, y, dt == DType::kBF16 ? kTolBf16 : 1e-5);
+}
 
-      Pair dy = input(randn(c.N * c.M, 113), {c.N, c.M}, dt);
-      Pair dx = output({c.N, c.K}, dt);
-      const auto init = randn(E * c.M * c.K, 114, 0.1f);
-      Pair dw = output({E, c.M, c.K}, DType::kF32, &init);
-      ops::grouped_matmul_backward(gpu_ctx(), x.gpu, w.gpu, o.gpu, dy.gpu, dx.gpu, dw.gpu);
-      cpu::grouped_matmul_backward(cpu_ctx(), x.cpu, w.cpu, o.cpu, dy.cpu, dx.cpu, dw.cpu, true);
-      check("grouped_matmul_backward", "dx " + tg, dx, dt == DType::kBF16 ? kTolBf16 : 1e-5);
-      check("grouped_matmul_backward", "dw " + tg, dw, 1e-5);
-      // dx undefined: only dw accumulates (again).
-      Tensor none;
-      ops::grouped_matmul_backward(gpu_ctx(), x.gpu, w.gpu, o.gpu, dy.gpu, none, dw.gpu);
-      cpu::grouped_matmul_backward(cpu_ctx(), x.cpu, w.cpu, o.cpu, dy.cpu, none, dw.cpu, true);
-      check("grouped_matmul_backward", "dw twice " + tg, dw, 1e-5);
-      // Overwrite mode (the first micro-batch of a step): dw starts as NaN and must be fully written,
-      // zeros for experts without rows; f32 and bf16 gradients. Each mode also sums the squares of
-      // the final dw (on Hopper in the dW epilogue): against sum_squares of the GPU's own dw (the
-      // same values: the summation order differs, and the Hopper epilogue adds groups of four squares
-      // in f32, a relative error below 2e-7) and against the CPU op's sum.
-      if (dt == DType::kBF16) {
-        // The f32 gradient written with sums of squares (on Hopper: 128 x 256 tiles staged in halves), and
-        // added with them (the one f32 case still on 128 x 128 tiles, whose store warps load the old rows).
-        Tensor f32_written, f32_added_narrow;
-        for (DType gdt : {DType::kF32, DType::kBF16}) {
-          for (bool acc : {false, true}) {
-            const std::string what = std::string(acc ? "dw += " : "dw overwrite ") + dt_name(gdt) + " " + tg;
-            Pair dwo = acc ? output({E, c.M, c.K}, gdt, &init) : output({E, c.M, c.K}, gdt);
-            Tensor ssc = Tensor::zeros({1}, DType::kF64, Device::cpu());
-            ssc.data<double>()[0] = 0.5;  // the op adds to what is there
-            Tensor ssg = ssc.to(gpu_ctx().device());
-            ops::grouped_matmul_backward(gpu_ctx(), x.gpu, w.gpu, o.gpu, dy.gpu, none, dwo.gpu, acc, &ssg);
-            cpu::grouped_matmul_backward(cpu_ctx(), x.cpu, w.cpu, o.cpu, dy.cpu, none, dwo.cpu, acc, &ssc);
-            check("grouped_matmul_backward", what, dwo, gdt == DType::kBF16 ? kTolBf16 : 1e-5);
-            device_sync();
-            const double fused = ssg.to(Device::cpu()).data<double>()[0] - 0.5;
-            const double reread = ops::sum_squares(gpu_ctx(), dwo.gpu);
-            check_scalar("grouped_matmul_backward", "sum of squares, fused vs sum_squares, " + what, fused, reread, 1e-6);
-            check_scalar("grouped_matmul_backward", "sum of squares vs CPU, " + what, fused,
-                         ssc.data<double>()[0] - 0.5, gdt == DType::kBF16 ? 2 * kTolBf16 : 1e-4);
-            if (gdt == DType::kF32) (acc ? f32_added_narrow : f32_written) = dwo.gpu.to(Device::cpu());
-          }
-        }
-        // An f32 gradient without sums of squares (on Hopper: the same 128 x 256 tiles, the += a bulk
-        // reduce-add done in L2). Written, it must equal the one written with sums above bit for bit. +=,
-        // it must equal bit for bit both the f32 sum of the old values and the written ones (one rounding
-        // an element) and the += with sums above, which loads and adds the old rows on the other tiles:
-        // the two tilings and the two ways of adding agree (the random values here have no subnormal
-        // sums, which the reduce-add may flush to zero).
-        {
-          Pair dwo = output({E, c.M, c.K}, DType::kF32);
-          ops::grouped_matmul_backward(gpu_ctx(), x.gpu, w.gpu, o.gpu, dy.gpu, none, dwo.gpu, false);
-          check_exact("grouped_matmul_backward", "dw overwrite f32, no sums of squares, = with them " + tg,
-                      Pair{f32_written, dwo.gpu});
-          Pair dwa = output({E, c.M, c.K}, DType::kF32, &init);
-          ops::grouped_matmul_backward(gpu_ctx(), x.gpu, w.gpu, o.gpu, dy.gpu, none, dwa.gpu, true);
+void run_grouped_matmul_case(const GmmCase& c) {
+  const int64_t E = static_cast<int64_t>(c.counts.size());
+  std::vector<int32_t> off(c.counts.size() + 1, 0);
+  for (size_t e = 0; e < c.counts.size(); ++e) off[e + 1] = off[e] + c.counts[e];
+  const std::string tag = "E" + std::to_string(E) + " N" + std::to_string(c.N) + " K" + std::to_string(c.K) + " M" +
+                          std::to_string(c.M);
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    if ((c.K == 2048 || (c.counts.size() == 128 && c.K >= 768)) && dt == DType::kF32) continue;  // CPU time
+    const std::string tg = tag + " " + dt_name(dt);
+    Pair x = input(randn(c.N * c.K, 111), {c.N, c.K}, dt);
+    Pair w = input(randn(E * c.M * c.K, 112, 0.05f), {E, c.M, c.K}, dt);
+    Pair o = input_ints(off, {E + 1});
+    Pair y = output({c.N, c.M}, dt);
+    ops::grouped_matmul(gpu_ctx(), x.gpu, w.gpu, o.gpu, y.gpu);
+    cpu::grouped_matmul(cpu_ctx(), x.cpu, w.cpu, o.cpu, y.cpu);
+    check("grouped_matmul", "y " + tg, y, dt == DType::kBF16 ? kTolBf16 : 1e-5);
+
+    Pair dy = input(randn(c.N * c.M, 113), {c.N, c.M}, dt);
+    Pair dx = output({c.N, c.K}, dt);
+    const auto init = randn(E * c.M * c.K, 114, 0.1f);
+    Pair dw = output({E, c.M, c.K}, DType::kF32, &init);
+    ops::grouped_matmul_backward(gpu_ctx(), x.gpu, w.gpu, o.gpu, dy.gpu, dx.gpu, dw.gpu);
+    cpu::grouped_matmul_backward(cpu_ctx(), x.cpu, w.cpu, o.cpu, dy.cpu, dx.cpu, dw.cpu, true);
+    check("grouped_matmul_backward", "dx " + tg, dx, dt == DType::kBF16 ? kTolBf16 : 1e-5);
+    check("grouped_matmul_backward", "dw " + tg, dw, 1e-5);
+    // dx undefined: only dw accumulates (again).
+    Tensor none;
+    ops::grouped_matmul_backward(gpu_ctx(), x.gpu, w.gpu, o.gpu, dy.gpu, none, dw.gpu);
+    cpu::grouped_matmul_backward(cpu_ctx(), x.cpu, w.cpu, o.cpu, dy.cpu, none, dw.cpu, true);
+    check("grouped_matmul_backward", "dw twice " + tg, dw, 1e-5);
+    // Overwrite mode (the first micro-batch of a step): dw starts as NaN and must be fully written,
+    // zeros for experts without rows; f32 and bf16 gradients. Each mode also sums the squares of
+    // the final dw (on Hopper in the dW epilogue): against sum_squares of the GPU's own dw (the
+    // same values: the summation order differs, and the Hopper epilogue adds groups of four squares
+    // in f32, a relative error below 2e-7) and against the CPU op's sum.
+    if (dt == DType::kBF16) {
+      // The f32 gradient written with sums of squares (on Hopper: 128 x 256 tiles staged in halves), and
+      // added with them (the one f32 case still on 128 x 128 tiles, whose store warps load the old rows).
+      Tensor f32_written, f32_added_narrow;
+      for (DType gdt : {DType::kF32, DType::kBF16}) {
+        for (bool acc : {false, true}) {
+          const std::string what = std::string(acc ? "dw += " : "dw overwrite ") + dt_name(gdt) + " " + tg;
+          Pair dwo = acc ? output({E, c.M, c.K}, gdt, &init) : output({E, c.M, c.K}, gdt);
+          Tensor ssc = Tensor::zeros({1}, DType::kF64, Device::cpu());
+          ssc.data<double>()[0] = 0.5;  // the op adds to what is there
+          Tensor ssg = ssc.to(gpu_ctx().device());
+          ops::grouped_matmul_backward(gpu_ctx(), x.gpu, w.gpu, o.gpu, dy.gpu, none, dwo.gpu, acc, &ssg);
+          cpu::grouped_matmul_backward(cpu_ctx(), x.cpu, w.cpu, o.cpu, dy.cpu, none, dwo.cpu, acc, &ssc);
+          check("grouped_matmul_backward", what, dwo, gdt == DType::kBF16 ? kTolBf16 : 1e-5);
           device_sync();
-          Tensor sum = Tensor::empty({E, c.M, c.K}, DType::kF32, Device::cpu());
-          for (int64_t i = 0; i < sum.numel(); ++i) sum.data<float>()[i] = init[i] + f32_written.data<float>()[i];
-          check_exact("grouped_matmul_backward", "dw += f32, no sums of squares, = old + written " + tg,
-                      Pair{sum, dwa.gpu});
-          check_exact("grouped_matmul_backward", "dw += f32, no sums of squares, = += with them " + tg,
-                      Pair{f32_added_narrow, dwa.gpu});
+          const double fused = ssg.to(Device::cpu()).data<double>()[0] - 0.5;
+          const double reread = ops::sum_squares(gpu_ctx(), dwo.gpu);
+          check_scalar("grouped_matmul_backward", "sum of squares, fused vs sum_squares, " + what, fused, reread, 1e-6);
+          check_scalar("grouped_matmul_backward", "sum of squares vs CPU, " + what, fused,
+                       ssc.data<double>()[0] - 0.5, gdt == DType::kBF16 ? 2 * kTolBf16 : 1e-4);
+          if (gdt == DType::kF32) (acc ? f32_added_narrow : f32_written) = dwo.gpu.to(Device::cpu());
         }
+      }
+      // An f32 gradient without sums of squares (on Hopper: the same 128 x 256 tiles, the += a bulk
+      // reduce-add done in L2). Written, it must equal the one written with sums above bit for bit. +=,
+      // it must equal bit for bit both the f32 sum of the old values and the written ones (one rounding
+      // an element) and the += with sums above, which loads and adds the old rows on the other tiles:
+      // the two tilings and the two ways of adding agree (the random values here have no subnormal
+      // sums, which the reduce-add may flush to zero).
+      {
+        Pair dwo = output({E, c.M, c.K}, DType::kF32);
+        ops::grouped_matmul_backward(gpu_ctx(), x.gpu, w.gpu, o.gpu, dy.gpu, none, dwo.gpu, false);
+        check_exact("grouped_matmul_backward", "dw overwrite f32, no sums of squares, = with them " + tg,
+                    Pair{f32_written, dwo.gpu});
+        Pair dwa = output({E, c.M, c.K}, DType::kF32, &init);
+        ops::grouped_matmul_backward(gpu_ctx(), x.gpu, w.gpu, o.gpu, dy.gpu, none, dwa.gpu, true);
+        device_sync();
+        Tensor sum = Tensor::empty({E, c.M, c.K}, DType::kF32, Device::cpu());
+        for (int64_t i = 0; i < sum.numel(); ++i) sum.data<float>()[i] = init[i] + f32_written.data<float>()[i];
+        check_exact("grouped_matmul_backward", "dw += f32, no sums of squares, = old + written " + tg,
+                    Pair{sum, dwa.gpu});
+        check_exact("grouped_matmul_backward", "dw += f32, no sums of squares, = += with them " + tg,
+                    Pair{f32_added_narrow, dwa.gpu});
       }
     }
   }
+}
+
+TEST(Backend, GroupedMatmul) {
+  MT_REQUIRE_GPU();
+  const auto cases = grouped_matmul_cases();
+  for (size_t i = 0; i < 7; ++i) run_grouped_matmul_case(cases[i]);
+}
+TEST(Backend, GroupedMatmulModelWidthsGateUp) {
+  MT_REQUIRE_GPU();
+  run_grouped_matmul_case(grouped_matmul_cases()[7]);
+}
+TEST(Backend, GroupedMatmulModelWidthsDown) {
+  MT_REQUIRE_GPU();
+  run_grouped_matmul_case(grouped_matmul_cases()[8]);
 }
 
 }  // namespace

@@ -5,6 +5,11 @@
 # test_model_gpu.cpp (fixtures in bf16/f32, recompute policies, the Qwen3-30B-A3B-width proxy).
 # Extra arguments go to the test binary, e.g. --gtest_filter=Backend.Attention. Exit status is
 # the test binary's.
+# PARALLEL=1 (no extra arguments): the whole suite in about half the time. The GEMM tuner's test runs
+# alone first (it times cuBLASLt offers, and fails when none wins), then five processes share the GPU:
+# the grouped GEMM's small cases, its two model-width cases (mostly CPU reference work), the fused update
+# at the model's widths, and the rest.
+# Exit status: the first non-zero one.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 bin=${GPU_BIN:-$root/gpu-bin}
@@ -17,14 +22,35 @@ ldd "$bin/test_backend" > "$out/ldd.txt" 2>&1
 if grep -q "not found" "$out/ldd.txt"; then echo "unresolved libraries:"; grep "not found" "$out/ldd.txt"; fi
 cd "$root"
 start=$(date +%s)
-timeout "${TIMEOUT:-330}" "$bin/test_backend" --gtest_color=no "$@" > "$out/test_backend.log" 2>&1
-rc=$?
+if [[ "${PARALLEL:-0}" == 1 ]]; then
+  tuned=Backend.MatmulTunedKeepsTheDefaultsBits gmm=Backend.GroupedMatmul
+  gmm_gu=Backend.GroupedMatmulModelWidthsGateUp gmm_dn=Backend.GroupedMatmulModelWidthsDown
+  widths=Backend.GroupedMatmulBackwardAdamWModelWidths
+  timeout "${TIMEOUT:-330}" "$bin/test_backend" --gtest_color=no --gtest_filter=$tuned > "$out/test_backend.0.log" 2>&1
+  rc=$?
+  pids=()
+  i=1
+  for f in "$gmm" "$gmm_gu" "$gmm_dn" "$widths" "-$tuned:$gmm:$gmm_gu:$gmm_dn:$widths"; do
+    timeout "${TIMEOUT:-330}" "$bin/test_backend" --gtest_color=no --gtest_filter="$f" > "$out/test_backend.$i.log" 2>&1 &
+    pids+=($!)
+    i=$((i + 1))
+  done
+  for pid in "${pids[@]}"; do
+    wait "$pid"
+    r=$?
+    [[ $rc -ne 0 ]] || rc=$r
+  done
+  cat "$out"/test_backend.[0-5].log > "$out/test_backend.log"
+else
+  timeout "${TIMEOUT:-330}" "$bin/test_backend" --gtest_color=no "$@" > "$out/test_backend.log" 2>&1
+  rc=$?
+fi
 echo "test_backend exit $rc after $(( $(date +%s) - start )) s; log: $out/test_backend.log"
 grep -E "^\[ +(FAILED|PASSED|SKIPPED) +\]|^\[ +OK +\]" "$out/test_backend.log" | tail -25
 grep -B2 -A6 "Failure" "$out/test_backend.log" | head -60
 # Per-op summary of the comparison table printed by the binary (rows: op output dtype shape err tol ok).
 awk '/^op +output +dtype/ {on = 1; next}
-     on && /^backend table:/ {summary = $0; on = 0; next}
+     on && /^backend table:/ {summary = summary (summary == "" ? "" : "\n") $0; on = 0; next}
      on && NF >= 6 {op = $1; err = $(NF - 2); st = $NF; n[op]++; if (st == "FAIL") f[op]++;
                     if (!(op in mx) || err + 0 > mx[op] + 0) mx[op] = err}
      END {printf "\n%-24s %6s %6s %10s\n", "op", "cmp", "fail", "max.err";

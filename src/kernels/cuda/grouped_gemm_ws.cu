@@ -9,8 +9,6 @@
 #include <cuda.h>  // CUtensorMap and its enums only: the encoder comes from the runtime's entry point
 
 #include <cub/block/block_scan.cuh>
-#include <map>
-#include <mutex>
 #include <type_traits>
 #include <utility>
 
@@ -538,23 +536,6 @@ CUtensorMap make_map(const void* ptr, int rank, const cuuint64_t* dims, const cu
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
-// The dynamic schedule's counter pair for the current device and `stream`, allocated on first use
-// and zeroed on `stream` itself (ordered before the launch that reads it, with no host wait);
-// launches on one stream run one after the other, and each leaves the pair zero.
-int* schedule_counter(cudaStream_t stream) {
-  static std::mutex mu;
-  static std::map<std::pair<int, cudaStream_t>, int*> counters;
-  int dev = 0;
-  MT_CUDA_CHECK(cudaGetDevice(&dev));
-  std::lock_guard<std::mutex> lock(mu);
-  int*& c = counters[{dev, stream}];
-  if (!c) {
-    MT_CUDA_CHECK(cudaMalloc(&c, 2 * sizeof(int)));
-    MT_CUDA_CHECK(cudaMemsetAsync(c, 0, 2 * sizeof(int), stream));
-  }
-  return c;
-}
-
 int sm_count(const Context& ctx) {
   int sms = ctx.facts().sm_count;
   if (sms <= 0) {
@@ -588,7 +569,7 @@ void launch(Context& ctx, const bf16* a, const bf16* w, const int32_t* off, int 
   p.E = E;
   p.ncol = static_cast<int>((cols + C::kBN - 1) / C::kBN);
   p.order = order;
-  p.counter = dynamic && kCluster == 1 && kSched != kPing ? schedule_counter(stream_of(ctx)) : nullptr;
+  p.counter = dynamic && kCluster == 1 && kSched != kPing ? ctx.schedule_counter() : nullptr;
   p.ksteps = static_cast<int>((red + kBK - 1) / kBK);
   p.N = N;
   p.cols = cols;
