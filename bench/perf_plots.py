@@ -50,6 +50,7 @@ RATIO_BY_ROUND = [
     (44, [2.01]),
     (45, [2.14, 1.98]),
     (46, [1.97, 1.97]),
+    (47, [2.02, 2.00]),
 ]
 
 FONT = 'font-family="DejaVu Sans, Arial, sans-serif"'
