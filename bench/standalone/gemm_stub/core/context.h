@@ -1,6 +1,9 @@
 // Stand-in for src/core/context.h in the standalone GEMM harness (bench/standalone/gemm_bench.cu):
-// just the stream and device facts the grouped GEMM kernels read. Not part of the project build.
+// just the stream, the device facts and the schedule counter the grouped GEMM kernels read. Not part of
+// the project build.
 #pragma once
+#include <cuda_runtime.h>
+
 #include <cstdint>
 
 namespace moetrain {
@@ -14,8 +17,19 @@ class Context {
  public:
   void* stream() const { return stream_; }
   const DeviceFacts& facts() const { return facts_; }
+  // The expert GEMMs' dynamic schedule counter, a pair of ints that every launch leaves zero (the real
+  // Context keeps it in its cuBLASLt buffer): here allocated and zeroed on first use, kept until exit.
+  int* schedule_counter() const {
+    if (!counter_) {
+      cudaMalloc(&counter_, 2 * sizeof(int));
+      cudaMemset(counter_, 0, 2 * sizeof(int));
+      cudaDeviceSynchronize();
+    }
+    return counter_;
+  }
   void* stream_ = nullptr;
   DeviceFacts facts_;
+  mutable int* counter_ = nullptr;
 };
 
 }  // namespace moetrain
