@@ -12,6 +12,10 @@
 # at the model's widths, and the rest.
 # Exit status: the first non-zero one.
 set -uo pipefail
+if [[ "${PARALLEL:-0}" == 1 && $# -gt 0 ]]; then
+  echo "run.sh: PARALLEL=1 runs the whole suite in its own groups; it takes no test arguments (got: $*)" >&2
+  exit 2
+fi
 root=$(cd "$(dirname "$0")/../.." && pwd)
 bin=${GPU_BIN:-$root/gpu-bin}
 case "$bin" in /*) ;; *) bin=$root/$bin ;; esac
