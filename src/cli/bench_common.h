@@ -40,6 +40,7 @@ struct KernelBenchOptions {
   double ceiling_tflops = 0;  // for "% of the GEMM ceiling" (0: not reported)
   std::vector<int64_t> ce_chunks;  // loss-head rows per chunk to time (empty: the model's default)
   double energy_s = 0;             // > 0: also each case's board energy over about this many seconds
+  std::vector<std::string> groups;  // case groups to run (gmm, attn, proj, head); empty: all of them
 };
 
 // Grouped GEMM gate_up/down (fwd, dx, dW; random top-k routing), attention fwd/bwd (one document

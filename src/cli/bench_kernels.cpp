@@ -488,15 +488,25 @@ nlohmann::json run_kernel_benchmarks(Context& ctx, const ModelConfig& mc, const 
   const EnergyMeter meter(o.energy_s > 0 && ctx.device().is_cuda() ? cuda_pci_bus_id(ctx.device().index) : "");
   if (o.energy_s > 0 && !meter.available())
     std::printf("kernel energy: unavailable (%s)\n", meter.why_unavailable().c_str());
+  for (const std::string& g : o.groups)
+    MT_CHECK(g == "gmm" || g == "attn" || g == "proj" || g == "head",
+             "[bench] --kernel-groups: unknown group '{}', expected gmm, attn, proj or head", g);
+  auto want = [&](const char* g) { return o.groups.empty() || std::find(o.groups.begin(), o.groups.end(), g) != o.groups.end(); };
   Rows rows{ctx, o, &meter};
-  if (mc.is_moe()) bench_grouped_gemm(ctx, mc, o, rows);
-  else std::printf("kernel (dense model: no grouped GEMM cases)\n");
-  bench_attention(ctx, mc, o, o.tokens, "full", rows);
-  // Packed documents; when the micro-batch is not longer than `doc`, quarters of it instead.
-  bench_attention(ctx, mc, o, o.doc < o.tokens ? o.doc : std::max<int64_t>(1, o.tokens / 4), "packed", rows);
-  bench_projections(ctx, mc, o, rows);
-  bench_loss_head(ctx, mc, o, rows);
-  bench_loss_head_parts(ctx, mc, o, rows);
+  if (want("gmm")) {
+    if (mc.is_moe()) bench_grouped_gemm(ctx, mc, o, rows);
+    else std::printf("kernel (dense model: no grouped GEMM cases)\n");
+  }
+  if (want("attn")) {
+    bench_attention(ctx, mc, o, o.tokens, "full", rows);
+    // Packed documents; when the micro-batch is not longer than `doc`, quarters of it instead.
+    bench_attention(ctx, mc, o, o.doc < o.tokens ? o.doc : std::max<int64_t>(1, o.tokens / 4), "packed", rows);
+  }
+  if (want("proj")) bench_projections(ctx, mc, o, rows);
+  if (want("head")) {
+    bench_loss_head(ctx, mc, o, rows);
+    bench_loss_head_parts(ctx, mc, o, rows);
+  }
   return rows.out;
 }
 

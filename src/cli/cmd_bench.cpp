@@ -49,6 +49,7 @@ struct BenchOptions {
   double peak_tflops = 0;
   int64_t kernel_tokens = 0, kernel_doc = 1024, gemm_size = 0;
   std::vector<int64_t> ce_chunks;
+  std::vector<std::string> kernel_groups;
   int reps = 0;
   double energy_s = 0;
 };
@@ -308,6 +309,8 @@ int run_bench(int argc, char** argv) {
   app.add_flag("--kernels", o.kernels, "run the kernel microbenchmarks at the model's shapes");
   app.add_flag("--no-steps", o.no_steps, "skip the training steps (with --kernels: microbenchmarks only)");
   app.add_option("--kernel-tokens", o.kernel_tokens, "tokens of the kernel cases (default: --seq)");
+  app.add_option("--kernel-groups", o.kernel_groups, "with --kernels: only these case groups, comma separated "
+                 "(gmm, attn, proj, head; default all)")->delimiter(',');
   app.add_option("--kernel-doc", o.kernel_doc, "document length of the packed attention case")->capture_default_str();
   app.add_option("--ce-chunks", o.ce_chunks, "loss-head rows per chunk to time, comma separated (default: the model's)")
       ->delimiter(',')->check(CLI::PositiveNumber);
@@ -458,6 +461,7 @@ int run_bench(int argc, char** argv) {
     ko.warmup = dev.is_cuda() ? 3 : 1;
     ko.ceiling_tflops = ceiling;
     ko.energy_s = o.energy_s;
+    ko.groups = o.kernel_groups;
     std::printf("\nkernel microbenchmarks (%s shapes, T %lld, median of %d)\n",
                 o.config.empty() ? o.model.c_str() : o.config.c_str(), static_cast<long long>(ko.tokens), ko.reps);
     out["kernels"] = run_kernel_benchmarks(ctx, mc, ko);

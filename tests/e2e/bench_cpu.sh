@@ -3,7 +3,7 @@
 # the JSON has every field with sane values, the projection and per-op attribution follow their
 # formulas, the FLOPs/token match SPEC section 10 computed here, the planner's peak is within 10% of
 # the allocator's, the chunked loss head holds less than the unfused one; without a GPU the energy
-# fields are empty and --energy-s says why; bad options fail clearly.
+# fields are empty and --energy-s says why; --kernel-groups runs only its groups; bad options fail clearly.
 # $1 = moetrain binary.
 set -euo pipefail
 MT=$(realpath "${1:?usage: bench_cpu.sh MOETRAIN_BINARY}")
@@ -146,4 +146,13 @@ grep -q "energy-s 2 applies to the kernel cases" "$W/bad.txt" || { cat "$W/bad.t
 "$MT" bench --model tiny-moe --device cpu --seq 32 --kernels --no-steps --reps 1 --energy-s 0.1 > "$W/k.txt" 2>&1 \
   || { cat "$W/k.txt"; exit 1; }
 grep -q "kernel energy: unavailable (no GPU)" "$W/k.txt" || { echo "no 'unavailable' line"; cat "$W/k.txt"; exit 1; }
+# --kernel-groups: only the named groups' cases; an unknown group fails and names itself.
+"$MT" bench --model tiny-moe --device cpu --seq 32 --kernels --no-steps --reps 1 --kernel-groups gmm,proj \
+  --json "$W/g.json" > "$W/g.txt" 2>&1 || { cat "$W/g.txt"; exit 1; }
+python3 -c "import json,sys; ks={r['key'].split('.')[0] for r in json.load(open(sys.argv[1]))['kernels']}; \
+assert ks == {'gmm', 'proj'}, ks" "$W/g.json"
+if "$MT" bench --model tiny-moe --device cpu --kernels --no-steps --kernel-groups gmm,nope > "$W/bad.txt" 2>&1; then
+  echo "--kernel-groups nope accepted"; exit 1
+fi
+grep -q "unknown group 'nope'" "$W/bad.txt" || { cat "$W/bad.txt"; exit 1; }
 echo "bench_cpu: ok"

@@ -615,13 +615,15 @@ void launch(Context& ctx, const bf16* a, const bf16* w, const int32_t* off, int 
 // pairs against round 41's default (1 for the gate_up dx, 2-CTA clusters for the down dx, whose
 // reduction is twice its width); in the harness it is 7% faster than the clusters on the down dx at
 // every routing, and 5-7% slower than 1 on the gate_up dx at even routing (equal or faster when skewed),
-// docs/performance.md, round 42. y: 1, cooperative 128 x 256 tiles on single CTAs (the tall tiles
-// were slower in the step, round 41). Variant 9 (8 for the down dx only, the alternative that the
+// docs/performance.md, round 42. y: 7, cooperative 128 x 256 tiles on single CTAs with the dynamic
+// schedule (round 48: 3.7% faster than 1 on the gate_up forward at even routing, median of seven
+// alternating processes, equal on down; in the proxy's step within the noise, round 42; the tall tiles
+// were slower there, round 41). Variant 9 (8 for the down dx only, the alternative that the
 // harness favours at even routing) measured within the noise in the step (round 43): a knob.
 template <int kMode>
 void dispatch(Context& ctx, const bf16* a, const bf16* w, const int32_t* off, int E, int64_t N, int64_t K, int64_t M,
               bf16* out, int variant, const char* op) {
-  if (variant == 0) variant = kMode == kDx ? 8 : 1;
+  if (variant == 0) variant = kMode == kDx ? 8 : 7;
   switch (variant) {
     case 2: launch<kMode, kCoop, 2>(ctx, a, w, off, E, N, K, M, out, op); break;
     case 3: launch<kMode, kPing, 1>(ctx, a, w, off, E, N, K, M, out, op); break;
@@ -663,13 +665,18 @@ void grouped_gemm_ws_dx(Context& ctx, const __nv_bfloat16* dy, const __nv_bfloat
 void grouped_gemm_ws_dw(Context& ctx, const __nv_bfloat16* x, const __nv_bfloat16* dy, const int32_t* off, int E,
                         int64_t N, int64_t K, int64_t M, void* dw, bool dw_bf16, bool accumulate, double* sum_squares) {
   // MT_DW_F32_WIDE (read once; benchmarks): 0 keeps f32 gradients on the 128-wide tiles (dispatch_dw's
-  // variant bit 1), same values (the sums of squares in another order).
+  // variant bit 1), same values (the sums of squares in another order). MT_DW_DEEP (read once;
+  // benchmarks): 1 takes the other slab depth (variant bit 0: bf16 32-row slabs in 6 stages instead of
+  // 64 in 3), same values and sums (the same k order per output). MT_DW_TALL (read once; benchmarks):
+  // 1 puts a bf16 gradient on 256 x 192 tiles (variant bit 2), same values (the sums in another grouping).
   static const int variant = [] {
-    const long v = env_int("MT_DW_F32_WIDE", 1);
+    const long v = env_int("MT_DW_F32_WIDE", 1), d = env_int("MT_DW_DEEP", 0), t = env_int("MT_DW_TALL", 0);
     MT_CHECK(v == 0 || v == 1, "[grouped_matmul_backward] MT_DW_F32_WIDE={}: expected 0 or 1", v);
-    return v == 0 ? 2 : 0;
+    MT_CHECK(d == 0 || d == 1, "[grouped_matmul_backward] MT_DW_DEEP={}: expected 0 or 1", d);
+    MT_CHECK(t == 0 || t == 1, "[grouped_matmul_backward] MT_DW_TALL={}: expected 0 or 1", t);
+    return (v == 0 ? 2 : 0) | (d == 1 ? 1 : 0) | (t == 1 ? 4 : 0);
   }();
-  const int64_t tiles = gwd::dw_tiles(E, K, M, gwd::dw_sums_tile_cols(dw_bf16, accumulate, variant));
+  const int64_t tiles = gwd::dw_sums_tiles(E, K, M, dw_bf16, accumulate, variant);
   Tensor partial;
   double* part = nullptr;
   if (sum_squares) {

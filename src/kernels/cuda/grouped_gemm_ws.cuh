@@ -15,7 +15,7 @@ namespace moetrain::cuda {
 bool grouped_gemm_ws_supported(const Context& ctx, int64_t N, int64_t K, int64_t M, int64_t E, const void* x,
                                const void* w, const void* out);
 // y[N, M] = x[N, K] W[e][M, K]^T over each expert's rows (fp32 accumulation); rows past offsets[E]
-// are zeroed. variant (benchmark knob): 0 = default: 8 for dx, 1 for y; 1 = cooperative 128x256
+// are zeroed. variant (benchmark knob): 0 = default: 8 for dx, 7 for y; 1 = cooperative 128x256
 // tiles; 2 = with 2-CTA clusters multicasting W; 3 = pingpong, 64x256 per warpgroup; 4 = pingpong with
 // clusters; 5 = 1 with the units of an expert ordered (row block, column tile); 6 = tall 256x192
 // tiles, 128x192 per warpgroup; 7 and 8 = 1 and 6 with a dynamic schedule (units from an atomic

@@ -4,6 +4,8 @@
 // fragments (fp64 per warp); warps 1-3 ("store warps") write the tile with per-row bulk copies under
 // the next tile's mainloop, and their thread 0 adds the 8 warp sums in order. An f32 dw takes 128 x 256
 // tiles staged in two halves, its += a bulk reduce-add (Cfg::kHalves), but for a += with sums of squares.
+// A bf16 dw may also take 256 x 192 tiles (BM = 256: two 64 x 192 accumulators a consumer warpgroup; the
+// store epilogue only): 22% fewer operand bytes from L2 a FLOP, the same k order per output.
 // Epi (the epilogue policy) says what else a staged tile gets: StoreEpilogue here, AdamW elsewhere.
 #pragma once
 #include <cuda.h>
@@ -24,10 +26,11 @@ constexpr int kBM = 128, kMaxE = 1024, kThreads = 384, kStoreThreads = 96;
 // tile (128 rows at kPitch bytes), barriers full[kS], empty[kS], sfull, sready, offsets [E+1], then
 // 8 doubles (consumers: tiles of empty experts) and 2 x 8 (a tile's consumer warp sums of squares,
 // double-buffered; store thread 0 adds them).
-template <int BN, typename DwT, int BK>
+template <int BN, typename DwT, int BK, int BM = kBM>
 struct Cfg {
+  static constexpr int kRows = BM;  // tile rows: kBM, or 2 kBM (the tall bf16 tiles)
   static constexpr int kBlock = BK * 128;
-  static constexpr int kABytes = 2 * kBlock;
+  static constexpr int kABytes = (BM / 64) * kBlock;
   static constexpr int kStageBytes = kABytes + (BN / 64) * kBlock;
   // kHalves: an f32 tile 256 wide is staged as two 128-column halves, one after the other (a whole
   // one, 132 KB, leaves no room for the ring); only for dispatch_dw (StoreEpilogue), whose += the store
@@ -35,7 +38,8 @@ struct Cfg {
   static constexpr bool kHalves = sizeof(DwT) == 4 && BN == 256;
   static constexpr int kStageCols = kHalves ? BN / 2 : BN;
   static constexpr int kPitch = kStageCols * static_cast<int>(sizeof(DwT)) + (sizeof(DwT) == 4 ? 32 : 16);
-  static constexpr int kOutBytes = kBM * kPitch;
+  static constexpr int kOutBytes = BM * kPitch;
+  static_assert(BM == kBM || (BM == 2 * kBM && !kHalves), "tile rows: 128, or 256 without the f32 halves");
   static constexpr int kOffOff = kOutBytes + 256;
   static constexpr int kRedOff = kOffOff + ((2 * kMaxE + 1) * 4 + 7) / 8 * 8;  // offsets [E+1], then the order [E]
   static constexpr int kFixed = 1024 + kRedOff + 24 * 8;
@@ -70,7 +74,7 @@ struct Tile {
 // kernel, whose time is its mainloops, gained 11% (f32, same process) and the default-precision layer
 // step about 0.13 ms; the fused update, whose time is its walk, is unchanged (docs/performance.md,
 // round 18). The order only changes which CTA does a tile, never a value or where it goes.
-template <int BN, int BK>
+template <int BN, int BK, int BM = kBM>
 __device__ __forceinline__ Tile decode(const Params& p, const int32_t* s_off, int64_t t) {
   Tile x;  // 32-bit index math: the tile count is below 2^31 (dw_params checks it)
   const int per_e = p.nmt * p.ncol, ti = static_cast<int>(t);
@@ -78,7 +82,7 @@ __device__ __forceinline__ Tile decode(const Params& p, const int32_t* s_off, in
   x.e = s_off[p.E + 1 + rank];
   const int rem = ti - rank * per_e;
   const int mt = rem / p.ncol;
-  x.i0 = static_cast<int64_t>(mt) * kBM;
+  x.i0 = static_cast<int64_t>(mt) * BM;
   x.j0 = rem - mt * p.ncol;
   x.lo = s_off[x.e];
   x.hi = s_off[x.e + 1];
@@ -87,8 +91,9 @@ __device__ __forceinline__ Tile decode(const Params& p, const int32_t* s_off, in
 }
 
 // The index of tile x in expert order (e, row tile, column tile): where its sum of squares goes.
+template <int BM = kBM>
 __device__ __forceinline__ int64_t tile_id(const Params& p, const Tile& x) {
-  return (x.e * p.nmt + static_cast<int>(x.i0 / kBM)) * p.ncol + static_cast<int>(x.j0);
+  return (x.e * p.nmt + static_cast<int>(x.i0 / BM)) * p.ncol + static_cast<int>(x.j0);
 }
 
 // Bytes of staged row r of tile x that exist in the output (0 for rows past M; columns clipped at K).
@@ -135,7 +140,7 @@ __device__ __forceinline__ void expert_order(int32_t* s_off, int E, int tid, int
   }
 }
 
-// Producer (one thread): each tile's k-slabs, dy as 2 blocks and x as BN / 64 blocks of 64 columns x
+// Producer (one thread): each tile's k-slabs, dy as BM / 64 blocks and x as BN / 64 blocks of 64 columns x
 // BK rows. Boxes wholly past the last column are skipped (their outputs are never stored).
 template <class C, int BN, int BK, class Seek>
 __device__ __forceinline__ void produce(const CUtensorMap* map_a, const CUtensorMap* map_b, const Params& p,
@@ -144,9 +149,9 @@ __device__ __forceinline__ void produce(const CUtensorMap* map_a, const CUtensor
   int stage = 0;
   uint32_t phase = 0;
   for (int64_t t = seek(blockIdx.x); t < total; t = seek(t + stride)) {
-    const Tile x = decode<BN, BK>(p, s_off, t);
+    const Tile x = decode<BN, BK, C::kRows>(p, s_off, t);
     int na = 0, nb = 0;
-    for (int b = 0; b < 2; ++b) na += x.i0 + 64 * b < p.ci;
+    for (int b = 0; b < C::kRows / 64; ++b) na += x.i0 + 64 * b < p.ci;
     for (int b = 0; b < BN / 64; ++b) nb += x.j0 * BN + 64 * b < p.cj;
     const uint32_t bytes = static_cast<uint32_t>((na + nb) * C::kBlock);
     for (int k = 0; k < x.ksteps; ++k) {
@@ -165,15 +170,15 @@ __device__ __forceinline__ void produce(const CUtensorMap* map_a, const CUtensor
   }
 }
 
-// Consumers: acc (warpgroup cw's 64 x BN half of the tile) = dy_e^T x_e over the tile's k-slabs, one
-// wgmma group in flight. A slab starts at the expert's first row, so only the last one can run into
+// Consumers: acc[i] (rows 64 (NA cw + i) .. + 63 of the tile, warpgroup cw's NA accumulators) = dy_e^T x_e
+// over the tile's k-slabs, one wgmma group in flight. A slab starts at the expert's first row, so only the last one can run into
 // the next expert's rows (or past N, zero-filled by TMA): rows [valid, BK) of its blocks are zeroed
 // in shared memory (generic stores, proxy fence, consumer barrier) before its wgmma.
-template <class C, int BN, int BK>
-__device__ __forceinline__ void mainloop(float (&acc)[BN / 2], const Tile& x, uint32_t base, uint32_t full0,
+template <class C, int BN, int BK, int NA>
+__device__ __forceinline__ void mainloop(float (&acc)[NA][BN / 2], const Tile& x, uint32_t base, uint32_t full0,
                                          uint32_t empty0, int& stage, uint32_t& phase, int ctid, int cw,
                                          int lane) {
-  constexpr int kNB = 2 + BN / 64;
+  constexpr int kNB = C::kRows / 64 + BN / 64;
   int prev = -1;
   for (int k = 0; k < x.ksteps; ++k) {
     wg::mbar_wait(full0 + 8 * stage, phase);
@@ -189,18 +194,23 @@ __device__ __forceinline__ void mainloop(float (&acc)[BN / 2], const Tile& x, ui
       wg::fence_proxy_async();
       consumers_sync();
     }
-    wg::fence_regs(acc);
+#pragma unroll
+    for (int i = 0; i < NA; ++i) wg::fence_regs(acc[i]);
     wg::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk) {
-      const uint64_t da = wg::smem_desc(sa + cw * C::kBlock + kk * 2048, C::kBlock, 1024);
-      const uint64_t db = wg::smem_desc(sb + kk * 2048, C::kBlock, 1024);
-      wg::wgmma_bf16<BN, 1, 1>(acc, da, db, (k > 0 || kk > 0) ? 1 : 0);
+#pragma unroll
+      for (int i = 0; i < NA; ++i) {
+        const uint64_t da = wg::smem_desc(sa + (cw * NA + i) * C::kBlock + kk * 2048, C::kBlock, 1024);
+        const uint64_t db = wg::smem_desc(sb + kk * 2048, C::kBlock, 1024);
+        wg::wgmma_bf16<BN, 1, 1>(acc[i], da, db, (k > 0 || kk > 0) ? 1 : 0);
+      }
     }
     wg::wgmma_commit();
     if (prev >= 0) {
       wg::wgmma_wait<1>();
-      wg::fence_regs(acc);
+#pragma unroll
+      for (int i = 0; i < NA; ++i) wg::fence_regs(acc[i]);
       arrive_lane0(empty0 + 8 * prev, lane);
     }
     prev = stage;
@@ -210,7 +220,8 @@ __device__ __forceinline__ void mainloop(float (&acc)[BN / 2], const Tile& x, ui
     }
   }
   wg::wgmma_wait<0>();
-  wg::fence_regs(acc);
+#pragma unroll
+  for (int i = 0; i < NA; ++i) wg::fence_regs(acc[i]);
   arrive_lane0(empty0 + 8 * prev, lane);
 }
 
@@ -294,28 +305,45 @@ __device__ __forceinline__ void stage_bf16(const float (&acc)[BN / 2], bool accu
 // the stored values of its rows < nrows, columns < ncols (per thread: groups of four in fragment
 // order over the four chains of wg::SumSq4, then an xor butterfly) into red[warp]: the per-warp
 // partials of the tile's sum of squares.
+// stage_tile's rows: one accumulator, rows 16 vw .. 16 vw + 15 of the tile (vw: the consumer warp, or
+// for the tall tiles 4 (2 cw + i) + warp % 4), its squares added to sq when ss.
 template <int BN, typename DwT, int kPitch>
-__device__ __forceinline__ void stage_tile(const float (&acc)[BN / 2], bool accumulate, uint32_t sout,
-                                           unsigned char* out_p, int lane, int warp, double* red, int nrows,
-                                           int ncols) {
-  const int frow = 16 * warp + (lane >> 2), fcol = 2 * (lane & 3);
+__device__ __forceinline__ void stage_rows(const float (&acc)[BN / 2], bool accumulate, uint32_t sout,
+                                           unsigned char* out_p, int lane, int vw, wg::SumSq4& sq, bool ss,
+                                           int nrows, int ncols) {
+  const int frow = 16 * vw + (lane >> 2), fcol = 2 * (lane & 3);
   const bool row_in[2] = {frow < nrows, frow + 8 < nrows};
-  wg::SumSq4 sq;
   if constexpr (sizeof(DwT) == 4) {
-    if (red && row_in[0] && row_in[1] && ncols >= BN)
+    if (ss && row_in[0] && row_in[1] && ncols >= BN)
       stage_f32<BN, kPitch, true>(acc, accumulate, out_p, frow, fcol, sq, true, row_in, ncols);
     else
-      stage_f32<BN, kPitch, false>(acc, accumulate, out_p, frow, fcol, sq, red != nullptr, row_in, ncols);
-  } else if (red && row_in[0] && row_in[1] && ncols >= BN) {  // every value of this thread is in the tile
-    stage_bf16<BN, kPitch, true>(acc, accumulate, sout, lane, warp, sq, true, row_in, ncols);
+      stage_f32<BN, kPitch, false>(acc, accumulate, out_p, frow, fcol, sq, ss, row_in, ncols);
+  } else if (ss && row_in[0] && row_in[1] && ncols >= BN) {  // every value of this thread is in the tile
+    stage_bf16<BN, kPitch, true>(acc, accumulate, sout, lane, vw, sq, true, row_in, ncols);
   } else {
-    stage_bf16<BN, kPitch, false>(acc, accumulate, sout, lane, warp, sq, red != nullptr, row_in, ncols);
+    stage_bf16<BN, kPitch, false>(acc, accumulate, sout, lane, vw, sq, ss, row_in, ncols);
   }
-  if (red) {
-    double ss = sq.total();
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    if (lane == 0) red[warp] = ss;
+}
+
+// The warp's partial of the tile's sum of squares (an xor butterfly of the threads' totals) into red[warp].
+__device__ __forceinline__ void warp_sum_squares(const wg::SumSq4& sq, int lane, int warp, double* red) {
+  double ss = sq.total();
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if (lane == 0) red[warp] = ss;
+}
+
+// The tile's NA accumulators a warpgroup (stage_rows each, in order), then with red the warp's partial.
+template <int BN, typename DwT, int kPitch, int NA>
+__device__ __forceinline__ void stage_tile(const float (&acc)[NA][BN / 2], bool accumulate, uint32_t sout,
+                                           unsigned char* out_p, int lane, int warp, double* red, int nrows,
+                                           int ncols) {
+  wg::SumSq4 sq;
+#pragma unroll
+  for (int i = 0; i < NA; ++i) {
+    const int vw = NA == 1 ? warp : 4 * ((warp >> 2) * NA + i) + (warp & 3);
+    stage_rows<BN, DwT, kPitch>(acc[i], accumulate, sout, out_p, lane, vw, sq, red != nullptr, nrows, ncols);
   }
+  if (red) warp_sum_squares(sq, lane, warp, red);
 }
 
 // The wide f32 tile's half HF (columns 128 HF .. 128 HF + 127) into the staging tile, as stored (no old
@@ -372,16 +400,16 @@ __device__ __forceinline__ StoreRows store_rows(int sw, int lane) {
 
 // Consumers, after the main loop: the partials of the tiles of experts without rows (skipped above):
 // the old dw's squares (+=), or 0. Warp sums, then thread 0 adds the 8 in warp order.
-template <int BN, typename DwT, int BK>
+template <int BN, typename DwT, int BK, int BM = kBM>
 __device__ __forceinline__ void empty_tile_sums(const Params& p, const int32_t* s_off, double* s_red, int ctid,
                                                 int lane, int warp, int64_t total, int64_t stride) {
   for (int64_t t = blockIdx.x; t < total; t += stride) {
-    const Tile x = decode<BN, BK>(p, s_off, t);
+    const Tile x = decode<BN, BK, BM>(p, s_off, t);
     if (x.ksteps) continue;
     double ss = 0.0;
     if (p.accumulate) {
       const DwT* src = static_cast<const DwT*>(p.c) + (x.e * p.ci + x.i0) * p.cj + x.j0 * BN;
-      const int64_t rows = p.ci - x.i0 < kBM ? p.ci - x.i0 : kBM;
+      const int64_t rows = p.ci - x.i0 < BM ? p.ci - x.i0 : BM;
       const int64_t cols = p.cj - x.j0 * BN < BN ? p.cj - x.j0 * BN : BN;
       for (int64_t k = ctid; k < rows * cols; k += 256) {
         const double v = static_cast<float>(src[(k / cols) * p.cj + k % cols]);
@@ -395,7 +423,7 @@ __device__ __forceinline__ void empty_tile_sums(const Params& p, const int32_t* 
       double s = 0.0;
 #pragma unroll
       for (int w = 0; w < 8; ++w) s += s_red[w];
-      p.ss[tile_id(p, x)] = s;
+      p.ss[tile_id<BM>(p, x)] = s;
     }
     consumers_sync();
   }
@@ -437,14 +465,16 @@ struct StoreEpilogue {
 // and, +=, holds the old rows) they stage it and arrive on sfull; the store warps wait on sfull, issue
 // the row stores, sum the squares, and once the stores have read the tile, load the next tile's old
 // rows and arrive on sready. map_a: dy [N, M], map_b: x [N, K], boxes 64 columns x BK rows.
-template <int BN, typename DwT, int BK, class Epi>
+template <int BN, typename DwT, int BK, class Epi, int BM = kBM>
 __global__ void __launch_bounds__(kThreads, 1)
     gmm_ws_dw_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                      const Params p, const Epi epi) {
   pdl_wait();
 #if MT_WGMMA_ENABLED
-  using C = Cfg<BN, DwT, BK>;
+  using C = Cfg<BN, DwT, BK, BM>;
   constexpr int kS = C::kStages;
+  constexpr int NA = BM / kBM;  // accumulators a consumer warpgroup (64 rows each)
+  static_assert(NA == 1 || (Epi::kStore && !Epi::kWalk), "tall tiles: the store epilogue only");
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = mma::smem_addr(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -471,7 +501,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   const int64_t total = static_cast<int64_t>(p.E) * p.nmt * p.ncol, stride = gridDim.x;
   auto seek = [&](int64_t t) {  // first tile at or after t (step = grid) whose expert has rows
-    while (t < total && decode<BN, BK>(p, s_off, t).ksteps == 0) t += stride;
+    while (t < total && decode<BN, BK, BM>(p, s_off, t).ksteps == 0) t += stride;
     return t;
   };
   const int wgi = __shfl_sync(0xffffffffu, tid / 128, 0);
@@ -494,7 +524,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       int64_t t = seek(blockIdx.x);
       if (t < total) wg::mbar_arrive(sready);
       while (t < total) {
-        const Tile x = decode<BN, BK>(p, s_off, t);
+        const Tile x = decode<BN, BK, BM>(p, s_off, t);
         const int64_t tn = seek(t + stride);
         for (int hf = 0; hf < 2; ++hf, ++it) {
           wg::mbar_wait_idle(sfull, it & 1u);
@@ -503,7 +533,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             double s = 0.0;
 #pragma unroll
             for (int w = 0; w < 8; ++w) s += red[w];
-            p.ss[tile_id(p, x)] = s;
+            p.ss[tile_id<BM>(p, x)] = s;
           }
           const uint32_t na = half_bytes<BN>(p, x, own.a, hf), nb = own.has_b ? half_bytes<BN>(p, x, own.b, hf) : 0u;
           float* ga = row_ptr<BN, float>(p, x, own.a) + (BN / 2) * hf;
@@ -526,28 +556,54 @@ __global__ void __launch_bounds__(kThreads, 1)
       wg::bulk_wait_all();
       return;
     }
+    // A lane's rows: own.a and (has_b) own.b of each 128-row half of the tile (one half but for tall tiles).
     auto release = [&](const Tile& x) {  // own rows free: (+=) load tile x's old rows; arrive on sready
-      const uint32_t na = p.accumulate ? row_bytes<BN, DwT>(p, x, own.a) : 0u;
-      const uint32_t nb = p.accumulate && own.has_b ? row_bytes<BN, DwT>(p, x, own.b) : 0u;
-      if (na + nb == 0) {
-        wg::mbar_arrive(sready);
-        return;
+      if constexpr (NA == 1) {
+        const uint32_t na = p.accumulate ? row_bytes<BN, DwT>(p, x, own.a) : 0u;
+        const uint32_t nb = p.accumulate && own.has_b ? row_bytes<BN, DwT>(p, x, own.b) : 0u;
+        if (na + nb == 0) {
+          wg::mbar_arrive(sready);
+          return;
+        }
+        wg::mbar_arrive_tx(sready, na + nb);
+        if (na) wg::bulk_load(sout + own.a * C::kPitch, row_ptr<BN, DwT>(p, x, own.a), na, sready);
+        if (nb) wg::bulk_load(sout + own.b * C::kPitch, row_ptr<BN, DwT>(p, x, own.b), nb, sready);
+      } else {
+        uint32_t na[NA], nb[NA], n = 0;
+#pragma unroll
+        for (int h = 0; h < NA; ++h) {
+          na[h] = p.accumulate ? row_bytes<BN, DwT>(p, x, own.a + kBM * h) : 0u;
+          nb[h] = p.accumulate && own.has_b ? row_bytes<BN, DwT>(p, x, own.b + kBM * h) : 0u;
+          n += na[h] + nb[h];
+        }
+        if (n == 0) {
+          wg::mbar_arrive(sready);
+          return;
+        }
+        wg::mbar_arrive_tx(sready, n);
+#pragma unroll
+        for (int h = 0; h < NA; ++h) {
+          const int ra = own.a + kBM * h, rb = own.b + kBM * h;
+          if (na[h]) wg::bulk_load(sout + ra * C::kPitch, row_ptr<BN, DwT>(p, x, ra), na[h], sready);
+          if (nb[h]) wg::bulk_load(sout + rb * C::kPitch, row_ptr<BN, DwT>(p, x, rb), nb[h], sready);
+        }
       }
-      wg::mbar_arrive_tx(sready, na + nb);
-      if (na) wg::bulk_load(sout + own.a * C::kPitch, row_ptr<BN, DwT>(p, x, own.a), na, sready);
-      if (nb) wg::bulk_load(sout + own.b * C::kPitch, row_ptr<BN, DwT>(p, x, own.b), nb, sready);
     };
     int64_t t = seek(blockIdx.x);
-    if (t < total) release(decode<BN, BK>(p, s_off, t));
+    if (t < total) release(decode<BN, BK, BM>(p, s_off, t));
     for (uint32_t it = 0; t < total; ++it) {
-      const Tile x = decode<BN, BK>(p, s_off, t);
+      const Tile x = decode<BN, BK, BM>(p, s_off, t);
       const int64_t tn = seek(t + stride);
       wg::mbar_wait_idle(sfull, it & 1u);
       if constexpr (Epi::kStore) {
-        const uint32_t na = row_bytes<BN, DwT>(p, x, own.a);
-        const uint32_t nb = own.has_b ? row_bytes<BN, DwT>(p, x, own.b) : 0u;
-        if (na) wg::bulk_store(row_ptr<BN, DwT>(p, x, own.a), sout + own.a * C::kPitch, na);
-        if (nb) wg::bulk_store(row_ptr<BN, DwT>(p, x, own.b), sout + own.b * C::kPitch, nb);
+#pragma unroll
+        for (int h = 0; h < NA; ++h) {
+          const int ra = own.a + kBM * h, rb = own.b + kBM * h;
+          const uint32_t na = row_bytes<BN, DwT>(p, x, ra);
+          const uint32_t nb = own.has_b ? row_bytes<BN, DwT>(p, x, rb) : 0u;
+          if (na) wg::bulk_store(row_ptr<BN, DwT>(p, x, ra), sout + ra * C::kPitch, na);
+          if (nb) wg::bulk_store(row_ptr<BN, DwT>(p, x, rb), sout + rb * C::kPitch, nb);
+        }
         wg::bulk_commit();
       }
       if (p.ss && st == 0) {  // the consumers' 8 warp sums (before sfull), added in warp order: deterministic
@@ -555,12 +611,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         double s = 0.0;
 #pragma unroll
         for (int w = 0; w < 8; ++w) s += red[w];
-        p.ss[tile_id(p, x)] = s;
+        p.ss[tile_id<BM>(p, x)] = s;
       }
       wg::fence_proxy_async();  // this lane's reads of the staging rows, before the bulk loads into them
       __syncwarp();
       if constexpr (Epi::kStore) wg::bulk_wait_read();
-      if (tn < total) release(decode<BN, BK>(p, s_off, tn));
+      if (tn < total) release(decode<BN, BK, BM>(p, s_off, tn));
       t = tn;
     }
     wg::bulk_wait_all();
@@ -571,7 +627,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int ctid = tid - 128, cw = ctid >> 7, lane = tid & 31, warp = ctid >> 5;
   int stage = 0;
   uint32_t phase = 0, rphase = 0, cit = 0;
-  float acc[BN / 2];
+  float acc[NA][BN / 2];
   typename Epi::Pending pend;
   bool ahead = false;  // kWalkEmpty: pend holds this idle tile's first batch (the previous idle tile fetched it)
   const bool solo = !Epi::kStore && !p.accumulate;  // no store warps (they returned above)
@@ -579,32 +635,34 @@ __global__ void __launch_bounds__(kThreads, 1)
   // store warps skip them), so that this work is spread over the CTAs like the rest
   for (int64_t t = Epi::kWalkEmpty ? blockIdx.x : seek(blockIdx.x); t < total;
        t = Epi::kWalkEmpty ? t + stride : seek(t + stride)) {
-    const Tile x = decode<BN, BK>(p, s_off, t);
+    const Tile x = decode<BN, BK, BM>(p, s_off, t);
     if constexpr (Epi::kWalkEmpty) {
       if (x.ksteps == 0) {
-        const Tile nx = t + stride < total ? decode<BN, BK>(p, s_off, t + stride) : x;
+        const Tile nx = t + stride < total ? decode<BN, BK, BM>(p, s_off, t + stride) : x;
         const bool nidle = t + stride < total && nx.ksteps == 0;
         ahead = epi.template walk_empty<BN, DwT>(p, x, ctid, pend, ahead, nidle, nx);
         continue;
       }
     }
 #pragma unroll
-    for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;  // dead between tiles (the first wgmma ignores them)
+    for (int a = 0; a < NA; ++a)
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) acc[a][i] = 0.0f;  // dead between tiles (the first wgmma ignores them)
     if constexpr (Epi::kWalk && Epi::kEarly) epi.template fetch<BN>(p, x, ctid, pend);
-    mainloop<C, BN, BK>(acc, x, base, full0, empty0, stage, phase, ctid, cw, lane);
+    mainloop<C, BN, BK, NA>(acc, x, base, full0, empty0, stage, phase, ctid, cw, lane);
     if constexpr (Epi::kWalk && !Epi::kEarly) epi.template fetch<BN>(p, x, ctid, pend);
     if constexpr (C::kHalves) {  // (StoreEpilogue; sums of squares only with =: dispatch_dw checks)
-      const int nrows = static_cast<int>(p.ci - x.i0 < kBM ? p.ci - x.i0 : kBM);
+      const int nrows = static_cast<int>(p.ci - x.i0 < BM ? p.ci - x.i0 : BM);
       const int ncols = static_cast<int>(p.cj - x.j0 * BN < BN ? p.cj - x.j0 * BN : BN);
       wg::SumSq4 sq;
       wg::mbar_wait(sready, rphase);
       rphase ^= 1u;
-      stage_f32_half<BN, C::kPitch, 0>(acc, out_p, lane, warp, sq, p.ss != nullptr, nrows, ncols);
+      stage_f32_half<BN, C::kPitch, 0>(acc[0], out_p, lane, warp, sq, p.ss != nullptr, nrows, ncols);
       wg::fence_proxy_async();
       wg::mbar_arrive(sfull);
       wg::mbar_wait(sready, rphase);
       rphase ^= 1u;
-      stage_f32_half<BN, C::kPitch, 1>(acc, out_p, lane, warp, sq, p.ss != nullptr, nrows, ncols);
+      stage_f32_half<BN, C::kPitch, 1>(acc[0], out_p, lane, warp, sq, p.ss != nullptr, nrows, ncols);
       if (p.ss) {  // read by store thread 0 after this tile's second sfull
         double ss = sq.total();
         for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
@@ -621,7 +679,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wg::mbar_wait(sready, rphase);
       rphase ^= 1u;
     }
-    const int nrows = static_cast<int>(p.ci - x.i0 < kBM ? p.ci - x.i0 : kBM);
+    const int nrows = static_cast<int>(p.ci - x.i0 < BM ? p.ci - x.i0 : BM);
     const int ncols = static_cast<int>(p.cj - x.j0 * BN < BN ? p.cj - x.j0 * BN : BN);
     double* red = p.ss ? s_red + 8 + 8 * (cit++ & 1u) : nullptr;  // read by store thread 0 after sfull
     stage_tile<BN, DwT, C::kPitch>(acc, p.accumulate != 0, sout, out_p, lane, warp, red, nrows, ncols);
@@ -632,14 +690,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         double s = 0.0;
 #pragma unroll
         for (int w = 0; w < 8; ++w) s += red[w];
-        p.ss[tile_id(p, x)] = s;
+        p.ss[tile_id<BM>(p, x)] = s;
       }
       epi.template walk<BN, DwT, C::kPitch>(p, x, out_p, ctid, pend);
       wg::fence_proxy_async();  // the walk's reads, before the next tile's bulk loads into the staging tile
     }
     if (!solo) wg::mbar_arrive(sfull);
   }
-  if (p.ss) empty_tile_sums<BN, DwT, BK>(p, s_off, s_red, ctid, lane, warp, total, stride);
+  if (p.ss) empty_tile_sums<BN, DwT, BK, BM>(p, s_off, s_red, ctid, lane, warp, total, stride);
   epi.template empty_experts<DwT>(p, s_off, ctid);
 #endif
 }
@@ -684,8 +742,8 @@ inline int dw_sm_count(const Context& ctx) {
   return sms;
 }
 
-// Params of an [E, M, K] dW problem over 128 x BN tiles; c: dw (or the AdamW prior), null allowed.
-template <int BN>
+// Params of an [E, M, K] dW problem over BM x BN tiles; c: dw (or the AdamW prior), null allowed.
+template <int BN, int BM = kBM>
 inline Params dw_params(const int32_t* off, int E, int64_t K, int64_t M, void* c, bool accumulate, double* partial) {
   Params p{};
   p.off = off;
@@ -695,54 +753,62 @@ inline Params dw_params(const int32_t* off, int E, int64_t K, int64_t M, void* c
   p.ci = M;
   p.cj = K;
   p.ncol = static_cast<int>((K + BN - 1) / BN);
-  p.nmt = static_cast<int>((M + kBM - 1) / kBM);
+  p.nmt = static_cast<int>((M + BM - 1) / BM);
   MT_CHECK(static_cast<int64_t>(E) * p.nmt * p.ncol < (int64_t(1) << 31), "[grouped_gemm_ws] dW of {} experts x {} x {}: too many tiles", E, M, K);
   p.accumulate = accumulate ? 1 : 0;
   return p;
 }
 
 // The kernel with epilogue policy epi on `grid` CTAs. x [N, K], dy [N, M].
-template <int BN, typename DwT, int BK, class Epi>
+template <int BN, typename DwT, int BK, int BM = kBM, class Epi>
 void launch_dw_kernel(Context& ctx, const bf16* x, const bf16* dy, int64_t N, int64_t K, int64_t M, const Params& p,
                       const Epi& epi, int64_t grid, const char* op) {
-  using C = Cfg<BN, DwT, BK>;
+  using C = Cfg<BN, DwT, BK, BM>;
   const CUtensorMap ma = dw_map(dy, N > 0 ? N : 1, M, BK), mb = dw_map(x, N > 0 ? N : 1, K, BK);
-  auto kernel = gmm_ws_dw_kernel<BN, DwT, BK, Epi>;
+  auto kernel = gmm_ws_dw_kernel<BN, DwT, BK, Epi, BM>;
   MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
   launch_pdl(kernel, static_cast<unsigned>(grid), kThreads, C::kSmem, stream_of(ctx), ma, mb, p, epi);
   check_launch(op);
 }
 
 // x [N, K], dy [N, M]; dw [E, M, K]; per-tile partials of the sum of squares into `partial` (or null).
-template <int BN, typename DwT, int BK>
+template <int BN, typename DwT, int BK, int BM = kBM>
 void launch_dw(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, int E, int64_t N, int64_t K,
                int64_t M, void* dw, bool accumulate, double* partial) {
-  const Params p = dw_params<BN>(off, E, K, M, dw, accumulate, partial);
+  const Params p = dw_params<BN, BM>(off, E, K, M, dw, accumulate, partial);
   const int64_t bound = static_cast<int64_t>(E) * p.nmt * p.ncol, sms = dw_sm_count(ctx);
   const int64_t grid = bound < sms ? (bound > 0 ? bound : 1) : sms;
-  launch_dw_kernel<BN, DwT, BK>(ctx, x, dy, N, K, M, p, StoreEpilogue{}, grid, "grouped_matmul_backward");
+  launch_dw_kernel<BN, DwT, BK, BM>(ctx, x, dy, N, K, M, p, StoreEpilogue{}, grid, "grouped_matmul_backward");
 }
 
 // Whether dispatch_dw runs an f32 gradient on 128 x 256 tiles staged in halves (see there).
 inline bool dw_f32_wide(bool accumulate, bool sums, int variant) { return !(variant & 2) && !(accumulate && sums); }
-// The width of dispatch_dw's tiles with sums of squares: 256, or 128 for f32 on the old tiles.
-inline int dw_sums_tile_cols(bool dw_bf16, bool accumulate, int variant) {
-  return dw_bf16 || dw_f32_wide(accumulate, true, variant) ? 256 : 128;
+// Whether dispatch_dw runs a bf16 gradient on the tall 256 x 192 tiles (variant bit 2).
+inline bool dw_tall(bool dw_bf16, int variant) { return dw_bf16 && (variant & 4); }
+// Per-tile partials of the sum of squares over [E, M, K] in bm x bn tiles (size of the `partial` buffer).
+inline int64_t dw_tiles(int E, int64_t K, int64_t M, int bn, int bm = kBM) {
+  return static_cast<int64_t>(E) * ((M + bm - 1) / bm) * ((K + bn - 1) / bn);
 }
-// Per-tile partials of the sum of squares over [E, M, K] in 128 x bn tiles (size of the `partial` buffer).
-inline int64_t dw_tiles(int E, int64_t K, int64_t M, int bn) {
-  return static_cast<int64_t>(E) * ((M + kBM - 1) / kBM) * ((K + bn - 1) / bn);
+// dispatch_dw's partials: 256 x 192 tiles (tall), 128 x 256, or 128 x 128 for f32 on the old tiles.
+inline int64_t dw_sums_tiles(int E, int64_t K, int64_t M, bool dw_bf16, bool accumulate, int variant) {
+  if (dw_tall(dw_bf16, variant)) return dw_tiles(E, K, M, 192, 2 * kBM);
+  return dw_tiles(E, K, M, dw_bf16 || dw_f32_wide(accumulate, true, variant) ? 256 : 128);
 }
 // Same contract as grouped_gemm_wgmma_dw. variant (benchmark knob), bit 0 (1) = the other slab depth
 // (bf16: 32 rows / 6 stages instead of 64 / 3; f32 128 wide: 64 / 4 instead of 32 / 8; f32 256 wide:
-// 32 / 6 instead of 64 / 3), bit 1 (2) = f32 on 128-wide tiles always. Defaults: bf16 128 x 256 tiles;
+// 32 / 6 instead of 64 / 3; bf16 tall: 64 / 2 instead of 32 / 4), bit 1 (2) = f32 on 128-wide tiles always,
+// bit 2 (4) = bf16 on 256 x 192 tiles (two 64 x 192 accumulators a consumer warpgroup; the same values,
+// the sums of squares grouped per tile). Defaults: bf16 128 x 256 tiles;
 // f32 128 x 256 tiles staged in halves, with the += as a bulk reduce-add, except for a += with sums of
 // squares (the last micro-batch of several without the update in backward: the sums need the stored
 // value, which only the old rows' load gives), which keeps 128 x 128 tiles.
 inline void dispatch_dw(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, int E, int64_t N, int64_t K,
                         int64_t M, void* dw, bool dw_bf16, bool accumulate, double* partial, int variant) {
   const bool deep = variant & 1, wide = dw_f32_wide(accumulate, partial != nullptr, variant);
-  if (dw_bf16) {
+  if (dw_tall(dw_bf16, variant)) {
+    if (deep) launch_dw<192, bf16, 64, 2 * kBM>(ctx, x, dy, off, E, N, K, M, dw, accumulate, partial);
+    else launch_dw<192, bf16, 32, 2 * kBM>(ctx, x, dy, off, E, N, K, M, dw, accumulate, partial);
+  } else if (dw_bf16) {
     if (deep) launch_dw<256, bf16, 32>(ctx, x, dy, off, E, N, K, M, dw, accumulate, partial);
     else launch_dw<256, bf16, 64>(ctx, x, dy, off, E, N, K, M, dw, accumulate, partial);
   } else if (wide) {

@@ -162,7 +162,7 @@ static bool use_ws_kernel() {
   static const bool ws = env_string("MT_GEMM_KERNEL", "ws") != "wgmma";
   return ws;
 }
-// The ws kernel's variant (grouped_gemm_ws.cuh; 0: its default, 8 for dx and 1 for y), for benchmarks:
+// The ws kernel's variant (grouped_gemm_ws.cuh; 0: its default, 8 for dx and 7 for y), for benchmarks:
 // MT_GEMM_WS_VARIANT for y, MT_GEMM_WS_DX_VARIANT for dx. Every variant gives the same bits.
 static int ws_variant(bool dx) {
   auto read = [](const char* name) {

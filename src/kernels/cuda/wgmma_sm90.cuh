@@ -192,6 +192,7 @@ __device__ __forceinline__ void wgmma_m64n192k16(float (&d)[96], uint64_t da, ui
 template <int kN, int kTA, int kTB>
 __device__ __forceinline__ void wgmma_bf16(float (&d)[kN / 2], uint64_t da, uint64_t db, int scale_d) {
   if constexpr (kN == 256) wgmma_m64n256k16<kTA, kTB>(d, da, db, scale_d);
+  else if constexpr (kN == 192) wgmma_m64n192k16<kTA, kTB>(d, da, db, scale_d);
   else wgmma_m64n128k16<kTA, kTB>(d, da, db, scale_d);
 }
 
