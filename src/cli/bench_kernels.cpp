@@ -491,7 +491,9 @@ nlohmann::json run_kernel_benchmarks(Context& ctx, const ModelConfig& mc, const 
   for (const std::string& g : o.groups)
     MT_CHECK(g == "gmm" || g == "attn" || g == "proj" || g == "head",
              "[bench] --kernel-groups: unknown group '{}', expected gmm, attn, proj or head", g);
-  auto want = [&](const char* g) { return o.groups.empty() || std::find(o.groups.begin(), o.groups.end(), g) != o.groups.end(); };
+  auto want = [&](const char* g) {
+    return o.groups.empty() || std::find(o.groups.begin(), o.groups.end(), g) != o.groups.end();
+  };
   Rows rows{ctx, o, &meter};
   if (want("gmm")) {
     if (mc.is_moe()) bench_grouped_gemm(ctx, mc, o, rows);

@@ -22,8 +22,8 @@ using bf16 = __nv_bfloat16;
 // warpgroups 1 and 2 are the consumers.
 constexpr int kBM = 128, kMaxE = 1024, kThreads = 384, kStoreThreads = 96;
 
-// Shared memory: kStages x (A: 2 blocks | B: BN / 64 blocks, each BK k rows x 128 B), the staging
-// tile (128 rows at kPitch bytes), barriers full[kS], empty[kS], sfull, sready, offsets [E+1], then
+// Shared memory: kStages x (A: BM / 64 blocks | B: BN / 64 blocks, each BK k rows x 128 B), the staging
+// tile (BM rows at kPitch bytes), barriers full[kS], empty[kS], sfull, sready, offsets [E+1], then
 // 8 doubles (consumers: tiles of empty experts) and 2 x 8 (a tile's consumer warp sums of squares,
 // double-buffered; store thread 0 adds them).
 template <int BN, typename DwT, int BK, int BM = kBM>
@@ -171,9 +171,9 @@ __device__ __forceinline__ void produce(const CUtensorMap* map_a, const CUtensor
 }
 
 // Consumers: acc[i] (rows 64 (NA cw + i) .. + 63 of the tile, warpgroup cw's NA accumulators) = dy_e^T x_e
-// over the tile's k-slabs, one wgmma group in flight. A slab starts at the expert's first row, so only the last one can run into
-// the next expert's rows (or past N, zero-filled by TMA): rows [valid, BK) of its blocks are zeroed
-// in shared memory (generic stores, proxy fence, consumer barrier) before its wgmma.
+// over the tile's k-slabs, one wgmma group in flight. A slab starts at the expert's first row, so only
+// the last one can run into the next expert's rows (or past N, zero-filled by TMA): rows [valid, BK) of
+// its blocks are zeroed in shared memory (generic stores, proxy fence, consumer barrier) before its wgmma.
 template <class C, int BN, int BK, int NA>
 __device__ __forceinline__ void mainloop(float (&acc)[NA][BN / 2], const Tile& x, uint32_t base, uint32_t full0,
                                          uint32_t empty0, int& stage, uint32_t& phase, int ctid, int cw,
@@ -298,15 +298,11 @@ __device__ __forceinline__ void stage_bf16(const float (&acc)[BN / 2], bool accu
 }
 
 // Consumers: the tile's fragments (+ the old rows the store warps loaded into the staging tile, when
-// accumulating; added in f32) rounded to DwT into the staging tile. Consumer warp w (0..7) holds rows
-// 16 w + lane / 4 and + 8 of the tile.
-// Consumer warp `warp` rounds its fragment of the tile into the staging tile (= or, with
-// `accumulate`, added to the old rows loaded there). With red non-null it also sums the squares of
-// the stored values of its rows < nrows, columns < ncols (per thread: groups of four in fragment
-// order over the four chains of wg::SumSq4, then an xor butterfly) into red[warp]: the per-warp
-// partials of the tile's sum of squares.
-// stage_tile's rows: one accumulator, rows 16 vw .. 16 vw + 15 of the tile (vw: the consumer warp, or
-// for the tall tiles 4 (2 cw + i) + warp % 4), its squares added to sq when ss.
+// accumulating; added in f32) rounded to DwT into the staging tile. stage_rows does one accumulator:
+// rows 16 vw + lane / 4 and + 8 of the tile, where vw is the consumer warp (0..7), or on the tall tiles
+// 4 (2 cw + i) + warp % 4 for warpgroup cw's accumulator i. With ss it also adds the squares of the
+// stored values of its rows < nrows, columns < ncols to sq (groups of four in fragment order over the
+// four chains of wg::SumSq4).
 template <int BN, typename DwT, int kPitch>
 __device__ __forceinline__ void stage_rows(const float (&acc)[BN / 2], bool accumulate, uint32_t sout,
                                            unsigned char* out_p, int lane, int vw, wg::SumSq4& sq, bool ss,
@@ -332,7 +328,8 @@ __device__ __forceinline__ void warp_sum_squares(const wg::SumSq4& sq, int lane,
   if (lane == 0) red[warp] = ss;
 }
 
-// The tile's NA accumulators a warpgroup (stage_rows each, in order), then with red the warp's partial.
+// Consumer warp `warp` rounds its NA accumulators into the staging tile (stage_rows each, in order); with
+// red non-null, red[warp] gets its partial of the tile's sum of squares (the xor butterfly above).
 template <int BN, typename DwT, int kPitch, int NA>
 __device__ __forceinline__ void stage_tile(const float (&acc)[NA][BN / 2], bool accumulate, uint32_t sout,
                                            unsigned char* out_p, int lane, int warp, double* red, int nrows,
