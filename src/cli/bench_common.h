@@ -49,5 +49,7 @@ struct KernelBenchOptions {
 // cross-entropy) at the shapes of `mc`. Prints one row per case to stdout as it goes and returns
 // them as a JSON array of {name, ms, flops, tflops, pct_of_gemm_ceiling[, peak_extra_bytes][, joules, watts]}.
 nlohmann::json run_kernel_benchmarks(Context& ctx, const ModelConfig& mc, const KernelBenchOptions& o);
+// Throws unless every group is one of gmm, attn, proj, head (the error names the first that is not).
+void check_kernel_groups(const std::vector<std::string>& groups);
 
 }  // namespace moetrain::cli

@@ -483,14 +483,18 @@ GemmCeiling measure_gemm_ceiling(Context& ctx, int64_t n, int reps) {
   return g;
 }
 
+void check_kernel_groups(const std::vector<std::string>& groups) {
+  for (const std::string& g : groups)
+    MT_CHECK(g == "gmm" || g == "attn" || g == "proj" || g == "head",
+             "[bench] --kernel-groups: unknown group '{}', expected gmm, attn, proj or head", g);
+}
+
 nlohmann::json run_kernel_benchmarks(Context& ctx, const ModelConfig& mc, const KernelBenchOptions& o) {
   MT_CHECK(o.tokens >= 1, "[bench] --kernel-tokens = {} must be >= 1", o.tokens);
   const EnergyMeter meter(o.energy_s > 0 && ctx.device().is_cuda() ? cuda_pci_bus_id(ctx.device().index) : "");
   if (o.energy_s > 0 && !meter.available())
     std::printf("kernel energy: unavailable (%s)\n", meter.why_unavailable().c_str());
-  for (const std::string& g : o.groups)
-    MT_CHECK(g == "gmm" || g == "attn" || g == "proj" || g == "head",
-             "[bench] --kernel-groups: unknown group '{}', expected gmm, attn, proj or head", g);
+  check_kernel_groups(o.groups);
   auto want = [&](const char* g) {
     return o.groups.empty() || std::find(o.groups.begin(), o.groups.end(), g) != o.groups.end();
   };

@@ -332,6 +332,8 @@ int run_bench(int argc, char** argv) {
            "profile-steps >= 1 and warmup >= 0", o.seq, o.mbs, o.steps, o.warmup, o.profile_steps);
   MT_CHECK(o.energy_s == 0 || o.kernels, "[bench] --energy-s {} applies to the kernel cases: add --kernels (the step "
            "rows always report their energy when NVML is there)", o.energy_s);
+  MT_CHECK(o.kernel_groups.empty() || o.kernels, "[bench] --kernel-groups applies to the kernel cases: add --kernels");
+  check_kernel_groups(o.kernel_groups);  // before any timing, so that a typo costs no run
   std::sort(o.layers.begin(), o.layers.end());
   o.layers.erase(std::unique(o.layers.begin(), o.layers.end()), o.layers.end());
   for (int64_t L : o.layers) MT_CHECK(L >= 1, "[bench] --layers: depth {} must be >= 1", L);

@@ -151,8 +151,14 @@ grep -q "kernel energy: unavailable (no GPU)" "$W/k.txt" || { echo "no 'unavaila
   --json "$W/g.json" > "$W/g.txt" 2>&1 || { cat "$W/g.txt"; exit 1; }
 python3 -c "import json,sys; ks={r['key'].split('.')[0] for r in json.load(open(sys.argv[1]))['kernels']}; \
 assert ks == {'gmm', 'proj'}, ks" "$W/g.json"
-if "$MT" bench --model tiny-moe --device cpu --kernels --no-steps --kernel-groups gmm,nope > "$W/bad.txt" 2>&1; then
+# (without --no-steps: the check comes before any step is timed, so a typo fails at once)
+if "$MT" bench --model tiny-moe --device cpu --layers 1 --kernels --kernel-groups gmm,nope > "$W/bad.txt" 2>&1; then
   echo "--kernel-groups nope accepted"; exit 1
 fi
 grep -q "unknown group 'nope'" "$W/bad.txt" || { cat "$W/bad.txt"; exit 1; }
+if grep -q "timed step" "$W/bad.txt"; then echo "--kernel-groups nope checked after the steps ran"; cat "$W/bad.txt"; exit 1; fi
+if "$MT" bench --model tiny-moe --device cpu --layers 1 --kernel-groups gmm > "$W/bad.txt" 2>&1; then
+  echo "--kernel-groups without --kernels accepted"; exit 1
+fi
+grep -q "kernel-groups applies to the kernel cases" "$W/bad.txt" || { cat "$W/bad.txt"; exit 1; }
 echo "bench_cpu: ok"
