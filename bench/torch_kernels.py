@@ -28,6 +28,16 @@ def median_ms(fn, reps):
     return statistics.median(ts)
 
 
+B2B = 10
+
+
+def b2b_ms(fn, reps):
+    def many():
+        for _ in range(B2B):
+            fn()
+    return median_ms(many, reps) / B2B
+
+
 ROWS = []
 
 
@@ -60,6 +70,15 @@ def bench_gemm(T, reps):
         try:
             dyt = dy.t()
             row(tag + " dw(bf16)", median_ms(lambda: torch._grouped_mm(dyt, x, offs=ends), reps), f, kk + "dw")
+            # B2B calls between one pair of events, per call (moetrain bench's "10 back to back" rows): the
+            # host runs ahead, so its time to each launch is hidden as in a training step.
+            row(tag + " fwd, 10 back to back", b2b_ms(lambda: torch._grouped_mm(x, wt, offs=ends), reps), f,
+                kk + "fwd_b2b")
+            row(tag + " dw(bf16), 10 back to back", b2b_ms(lambda: torch._grouped_mm(dyt, x, offs=ends), reps), f,
+                kk + "dw_b2b")
+            row(tag + " dx + dw(bf16), 10 back to back",
+                b2b_ms(lambda: (torch._grouped_mm(dy, w, offs=ends), torch._grouped_mm(dyt, x, offs=ends)), reps),
+                2 * f, kk + "bwd_b2b")
         except Exception as e:  # noqa: BLE001
             print(f"torch {tag} dw: {type(e).__name__}: {str(e)[:120]}")
         xg = x.clone().requires_grad_(True)
