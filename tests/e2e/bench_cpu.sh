@@ -90,7 +90,8 @@ for n, a in attr.items():
 check("attention_forward" in attr and "step - sum" in attr and "region optimizer" in attr, "attribution rows")
 
 k = {r["key"]: r for r in j["kernels"]}
-want = [f"gmm.{c}.{p}" for c in ("gate_up", "down") for p in ("fwd", "dx", "dw", "bwd", "dw_f32acc", "dw_ss")]
+want = [f"gmm.{c}.{p}" for c in ("gate_up", "down")
+        for p in ("fwd", "dx", "dw", "bwd", "dw_f32acc", "dw_ss", "fwd_b2b", "dw_b2b", "bwd_b2b")]
 want += [f"attn.{c}.{p}" for c in ("full", "packed") for p in ("fwd", "bwd")] + [f"loss_head.{v}{w}" for v in ("chunked", "unfused") for w in ("", ".write")]
 want += [f"proj.qkv.{p}{w}" for p in ("fwd", "dx", "dw") for w in ("", ".one")] + [f"proj.o.{p}" for p in ("fwd", "dx", "dw")]
 # the loss head's parts at the default chunk, which is all of T = 64 here (one row set, no duplicate keys)
@@ -104,6 +105,9 @@ for key, r in k.items():
     if key != "gmm.gate_up.dx" and key != "gmm.down.dx":
         check(r["ms"] > 0, f"kernel {key} time")
 check(k["gmm.gate_up.fwd"]["flops"] == 2 * 64 * 2 * 64 * 64, "gate_up flops")  # N = T k, K = H, M = 2 I
+for c in ("gate_up", "down"):  # the back-to-back rows: per call, the same work as the single-call rows
+    for p in ("fwd", "dw", "bwd"):
+        check(k[f"gmm.{c}.{p}_b2b"]["flops"] == k[f"gmm.{c}.{p}"]["flops"], f"gmm {c} {p}_b2b flops")
 check(k["attn.full.fwd"]["flops"] == 4 * (64 * 65 / 2) * 16 * 4, "attention flops")
 for p in ("fwd", "dx", "dw"):  # T 64, H 64, q 4 x 16, k and v 2 x 16 each
     check(k[f"proj.qkv.{p}"]["flops"] == k[f"proj.qkv.{p}.one"]["flops"] == 2 * 64 * 64 * (64 + 2 * 32), f"proj qkv {p} flops")
