@@ -3,7 +3,8 @@
 // (grouped_gemm_wgmma.cu, MT_GEMM_KERNEL=wgmma). Both sum each output in the same wgmma order, so
 // their outputs must be the same bits (y and dx also on the ws kernel's variants 2 and 6-9),
 // and dW's epilogue sum of squares too except for a written f32 dW (other tiles, so other partials;
-// also a bf16 dW when the process runs with MT_DW_TALL=1, the 256 x 192 tiles),
+// also a bf16 dW when the process runs with MT_DW_TALL=1, the 256 x 192 tiles; MT_DW_TMA=1, the bf16
+// tiles stored as TMA boxes, keeps all the bits),
 // at the Qwen3-30B-A3B widths with uneven routing, experts without rows and unused capacity rows. (The CPU-twin
 // comparison of the default path is Backend.GroupedMatmul.)
 #include <cstdlib>

@@ -2,7 +2,8 @@
 // Warp 0 loads dy / x k-slabs with TMA into an mbarrier ring; two consumer warpgroups run wgmma on a
 // 128 x BN tile, round it (+ the old dw) into a shared staging tile and sum the squares of their
 // fragments (fp64 per warp); warps 1-3 ("store warps") write the tile with per-row bulk copies under
-// the next tile's mainloop, and their thread 0 adds the 8 warp sums in order. An f32 dw takes 128 x 256
+// the next tile's mainloop (or, Cfg::kTma, their thread 0 with one TMA box per 64 columns), and their
+// thread 0 adds the 8 warp sums in order. An f32 dw takes 128 x 256
 // tiles staged in two halves, its += a bulk reduce-add (Cfg::kHalves), but for a += with sums of squares.
 // A bf16 dw may also take 256 x 192 tiles (BM = 256: two 64 x 192 accumulators a consumer warpgroup; the
 // store epilogue only): 22% fewer operand bytes from L2 a FLOP, the same k order per output.
@@ -26,9 +27,13 @@ constexpr int kBM = 128, kMaxE = 1024, kThreads = 384, kStoreThreads = 96;
 // tile (BM rows at kPitch bytes), barriers full[kS], empty[kS], sfull, sready, offsets [E+1], then
 // 8 doubles (consumers: tiles of empty experts) and 2 x 8 (a tile's consumer warp sums of squares,
 // double-buffered; store thread 0 adds them).
-template <int BN, typename DwT, int BK, int BM = kBM>
+template <int BN, typename DwT, int BK, int BM = kBM, bool Tma = false>
 struct Cfg {
   static constexpr int kRows = BM;  // tile rows: kBM, or 2 kBM (the tall bf16 tiles)
+  // Tma (a bf16 dw, 128-row tiles, the store epilogue): the staging tile is BN / 64 blocks of 128 rows x
+  // 128 bytes in the 128-byte swizzle, each one 3D tensor box of dw, which one store thread writes (and,
+  // +=, loads) with a TMA tile copy: four copies a 128 x 256 tile instead of 128 row copies.
+  static constexpr bool kTma = Tma;
   static constexpr int kBlock = BK * 128;
   static constexpr int kABytes = (BM / 64) * kBlock;
   static constexpr int kStageBytes = kABytes + (BN / 64) * kBlock;
@@ -38,8 +43,9 @@ struct Cfg {
   static constexpr bool kHalves = sizeof(DwT) == 4 && BN == 256;
   static constexpr int kStageCols = kHalves ? BN / 2 : BN;
   static constexpr int kPitch = kStageCols * static_cast<int>(sizeof(DwT)) + (sizeof(DwT) == 4 ? 32 : 16);
-  static constexpr int kOutBytes = BM * kPitch;
+  static constexpr int kOutBytes = Tma ? BM * BN * 2 : BM * kPitch;
   static_assert(BM == kBM || (BM == 2 * kBM && !kHalves), "tile rows: 128, or 256 without the f32 halves");
+  static_assert(!Tma || (BM == kBM && sizeof(DwT) == 2 && BN % 64 == 0), "TMA tile stores: bf16 128-row tiles");
   static constexpr int kOffOff = kOutBytes + 256;
   static constexpr int kRedOff = kOffOff + ((2 * kMaxE + 1) * 4 + 7) / 8 * 8;  // offsets [E+1], then the order [E]
   static constexpr int kFixed = 1024 + kRedOff + 24 * 8;
@@ -113,6 +119,20 @@ __device__ __forceinline__ void tma_2d(uint32_t dst, const CUtensorMap* m, int c
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
           "r"(dst),
       "l"(reinterpret_cast<uint64_t>(m)), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+// Cfg::kTma's boxes of dw [E, M, K] (coordinates: column, row, expert), bulk-group stores and mbarrier loads.
+__device__ __forceinline__ void tma_3d_store(const CUtensorMap* m, uint32_t src, int c0, int c1, int c2) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(m)),
+               "r"(src), "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
+}
+__device__ __forceinline__ void tma_3d_load(uint32_t dst, const CUtensorMap* m, int c0, int c1, int c2, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::
+          "r"(dst),
+      "l"(reinterpret_cast<uint64_t>(m)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
       : "memory");
 }
 __device__ __forceinline__ void arrive_lane0(uint32_t bar, uint32_t lane) {
@@ -258,11 +278,18 @@ __device__ __forceinline__ void stage_f32(const float (&acc)[BN / 2], bool accum
 // columns < ncols), so the squares need no edge test: the same sums with about 40% fewer instructions
 // (the per-value predicates and selects were most of what the sums cost), on every tile of the model's
 // shapes.
-template <int BN, int kPitch, bool kAllIn>
+// kSwz: the staging tile of Cfg::kTma (blocks of 64 columns, 128-byte rows, 16-byte chunk c of row r at
+// chunk c ^ (r & 7)), else rows at kPitch bytes.
+template <int BN, int kPitch, bool kAllIn, bool kSwz = false>
 __device__ __forceinline__ void stage_bf16(const float (&acc)[BN / 2], bool accumulate, uint32_t sout, int lane,
                                            int warp, wg::SumSq4& sq, bool ss, const bool (&row_in)[2], int ncols) {
-  const int fcol = 2 * (lane & 3), q = lane >> 3;
-  const uint32_t rowaddr = sout + (16 * warp + ((q & 1) << 3) + (lane & 7)) * kPitch + (q >> 1) * 16;
+  const int fcol = 2 * (lane & 3), q = lane >> 3, srow = 16 * warp + ((q & 1) << 3) + (lane & 7);
+  const uint32_t rowaddr = sout + srow * (kSwz ? 128 : kPitch) + (kSwz ? 0 : (q >> 1) * 16);
+  // this lane's matrix row address for column blocks j and j + 1 (j even)
+  auto at = [&](int j) -> uint32_t {
+    if constexpr (kSwz) return rowaddr + (j >> 3) * (kBM * 128) + ((((j & 7) + (q >> 1)) ^ (lane & 7)) << 4);
+    else return rowaddr + j * 16;
+  };
 #pragma unroll
   for (int j = 0; j < BN / 8; j += 2) {
     float v[8];
@@ -270,7 +297,7 @@ __device__ __forceinline__ void stage_bf16(const float (&acc)[BN / 2], bool accu
     for (int i = 0; i < 8; ++i) v[i] = acc[4 * j + i];
     if (accumulate) {
       uint32_t o[4];
-      mma::ldmatrix_x4(o, rowaddr + j * 16);
+      mma::ldmatrix_x4(o, at(j));
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&o[i]));
@@ -281,7 +308,7 @@ __device__ __forceinline__ void stage_bf16(const float (&acc)[BN / 2], bool accu
     // w[i]: row frow + 8 (i & 1), column block j + (i >> 1)
     const uint32_t w[4] = {mma::pack_bf16(v[0], v[1]), mma::pack_bf16(v[2], v[3]), mma::pack_bf16(v[4], v[5]),
                            mma::pack_bf16(v[6], v[7])};
-    wg::stmatrix_x4(rowaddr + j * 16, w[0], w[1], w[2], w[3]);
+    wg::stmatrix_x4(at(j), w[0], w[1], w[2], w[3]);
     if (kAllIn || ss) {  // groups: w[0], w[2] (row frow) and w[1], w[3] (row frow + 8); 0 past the edge
       float f[8];
 #pragma unroll
@@ -303,7 +330,7 @@ __device__ __forceinline__ void stage_bf16(const float (&acc)[BN / 2], bool accu
 // 4 (2 cw + i) + warp % 4 for warpgroup cw's accumulator i. With ss it also adds the squares of the
 // stored values of its rows < nrows, columns < ncols to sq (groups of four in fragment order over the
 // four chains of wg::SumSq4).
-template <int BN, typename DwT, int kPitch>
+template <int BN, typename DwT, int kPitch, bool kSwz = false>
 __device__ __forceinline__ void stage_rows(const float (&acc)[BN / 2], bool accumulate, uint32_t sout,
                                            unsigned char* out_p, int lane, int vw, wg::SumSq4& sq, bool ss,
                                            int nrows, int ncols) {
@@ -315,9 +342,9 @@ __device__ __forceinline__ void stage_rows(const float (&acc)[BN / 2], bool accu
     else
       stage_f32<BN, kPitch, false>(acc, accumulate, out_p, frow, fcol, sq, ss, row_in, ncols);
   } else if (ss && row_in[0] && row_in[1] && ncols >= BN) {  // every value of this thread is in the tile
-    stage_bf16<BN, kPitch, true>(acc, accumulate, sout, lane, vw, sq, true, row_in, ncols);
+    stage_bf16<BN, kPitch, true, kSwz>(acc, accumulate, sout, lane, vw, sq, true, row_in, ncols);
   } else {
-    stage_bf16<BN, kPitch, false>(acc, accumulate, sout, lane, vw, sq, ss, row_in, ncols);
+    stage_bf16<BN, kPitch, false, kSwz>(acc, accumulate, sout, lane, vw, sq, ss, row_in, ncols);
   }
 }
 
@@ -330,7 +357,7 @@ __device__ __forceinline__ void warp_sum_squares(const wg::SumSq4& sq, int lane,
 
 // Consumer warp `warp` rounds its NA accumulators into the staging tile (stage_rows each, in order); with
 // red non-null, red[warp] gets its partial of the tile's sum of squares (the xor butterfly above).
-template <int BN, typename DwT, int kPitch, int NA>
+template <int BN, typename DwT, int kPitch, int NA, bool kSwz = false>
 __device__ __forceinline__ void stage_tile(const float (&acc)[NA][BN / 2], bool accumulate, uint32_t sout,
                                            unsigned char* out_p, int lane, int warp, double* red, int nrows,
                                            int ncols) {
@@ -338,7 +365,7 @@ __device__ __forceinline__ void stage_tile(const float (&acc)[NA][BN / 2], bool 
 #pragma unroll
   for (int i = 0; i < NA; ++i) {
     const int vw = NA == 1 ? warp : 4 * ((warp >> 2) * NA + i) + (warp & 3);
-    stage_rows<BN, DwT, kPitch>(acc[i], accumulate, sout, out_p, lane, vw, sq, red != nullptr, nrows, ncols);
+    stage_rows<BN, DwT, kPitch, kSwz>(acc[i], accumulate, sout, out_p, lane, vw, sq, red != nullptr, nrows, ncols);
   }
   if (red) warp_sum_squares(sq, lane, warp, red);
 }
@@ -461,14 +488,17 @@ struct StoreEpilogue {
 // deterministic). Per tile: the consumers' mainloop, then (once sready says the staging tile is free
 // and, +=, holds the old rows) they stage it and arrive on sfull; the store warps wait on sfull, issue
 // the row stores, sum the squares, and once the stores have read the tile, load the next tile's old
-// rows and arrive on sready. map_a: dy [N, M], map_b: x [N, K], boxes 64 columns x BK rows.
-template <int BN, typename DwT, int BK, class Epi, int BM = kBM>
+// rows and arrive on sready. map_a: dy [N, M], map_b: x [N, K], boxes 64 columns x BK rows; map_c: dw
+// [E, M, K], boxes 64 columns x 128 rows (Cfg::kTma: store thread 0 alone writes and loads the tiles
+// with it; unused otherwise).
+template <int BN, typename DwT, int BK, class Epi, int BM = kBM, bool Tma = false>
 __global__ void __launch_bounds__(kThreads, 1)
     gmm_ws_dw_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-                     const Params p, const Epi epi) {
+                     const __grid_constant__ CUtensorMap map_c, const Params p, const Epi epi) {
   pdl_wait();
 #if MT_WGMMA_ENABLED
-  using C = Cfg<BN, DwT, BK, BM>;
+  using C = Cfg<BN, DwT, BK, BM, Tma>;
+  static_assert(!Tma || (Epi::kStore && !Epi::kWalk), "TMA tile stores: the store epilogue only");
   constexpr int kS = C::kStages;
   constexpr int NA = BM / kBM;  // accumulators a consumer warpgroup (64 rows each)
   static_assert(NA == 1 || (Epi::kStore && !Epi::kWalk), "tall tiles: the store epilogue only");
@@ -490,10 +520,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       wg::mbar_init(empty0 + 8 * s, 8);
     }
     wg::mbar_init(sfull, 256);
-    wg::mbar_init(sready, kStoreThreads);
+    wg::mbar_init(sready, C::kTma ? 1 : kStoreThreads);
     wg::fence_mbar_init();
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map_a)) : "memory");
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map_b)) : "memory");
+    if (C::kTma) asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map_c)) : "memory");
   }
   __syncthreads();
   const int64_t total = static_cast<int64_t>(p.E) * p.nmt * p.ncol, stride = gridDim.x;
@@ -516,6 +547,45 @@ __global__ void __launch_bounds__(kThreads, 1)
     // ---- store warps (see store_rows) ----
     const int st = tid - 32, sw = st >> 5, lane = tid & 31;
     const StoreRows own = store_rows(sw, lane);
+    if constexpr (C::kTma) {  // store thread 0 alone: the tile's boxes (and, +=, the next tile's old ones)
+      if (st != 0) return;
+      auto release = [&](const Tile& x) {  // the staging tile free: (+=) load tile x's old boxes; sready
+        if (!p.accumulate) {
+          wg::mbar_arrive(sready);
+          return;
+        }
+        wg::mbar_arrive_tx(sready, C::kOutBytes);  // whole boxes, zero-filled past M or K
+#pragma unroll
+        for (int b = 0; b < BN / 64; ++b)
+          tma_3d_load(sout + b * (kBM * 128), &map_c, static_cast<int>(x.j0) * BN + 64 * b, static_cast<int>(x.i0),
+                      x.e, sready);
+      };
+      int64_t t = seek(blockIdx.x);
+      if (t < total) release(decode<BN, BK, BM>(p, s_off, t));
+      for (uint32_t it = 0; t < total; ++it) {
+        const Tile x = decode<BN, BK, BM>(p, s_off, t);
+        const int64_t tn = seek(t + stride);
+        wg::mbar_wait_idle(sfull, it & 1u);
+#pragma unroll
+        for (int b = 0; b < BN / 64; ++b)  // boxes wholly past K skipped; TMA clips the rest at M and K
+          if (x.j0 * BN + 64 * b < p.cj)
+            tma_3d_store(&map_c, sout + b * (kBM * 128), static_cast<int>(x.j0) * BN + 64 * b, static_cast<int>(x.i0),
+                         x.e);
+        wg::bulk_commit();
+        if (p.ss) {  // the consumers' 8 warp sums (before sfull), in warp order
+          const double* red = s_red + 8 + 8 * (it & 1u);
+          double s = 0.0;
+#pragma unroll
+          for (int w = 0; w < 8; ++w) s += red[w];
+          p.ss[tile_id<BM>(p, x)] = s;
+        }
+        wg::bulk_wait_read();
+        if (tn < total) release(decode<BN, BK, BM>(p, s_off, tn));
+        t = tn;
+      }
+      wg::bulk_wait_all();
+      return;
+    }
     if constexpr (C::kHalves) {  // two rounds a tile: store (=) or reduce-add (+=) a half, free the staging
       uint32_t it = 0, tt = 0;
       int64_t t = seek(blockIdx.x);
@@ -679,7 +749,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int nrows = static_cast<int>(p.ci - x.i0 < BM ? p.ci - x.i0 : BM);
     const int ncols = static_cast<int>(p.cj - x.j0 * BN < BN ? p.cj - x.j0 * BN : BN);
     double* red = p.ss ? s_red + 8 + 8 * (cit++ & 1u) : nullptr;  // read by store thread 0 after sfull
-    stage_tile<BN, DwT, C::kPitch>(acc, p.accumulate != 0, sout, out_p, lane, warp, red, nrows, ncols);
+    stage_tile<BN, DwT, C::kPitch, NA, C::kTma>(acc, p.accumulate != 0, sout, out_p, lane, warp, red, nrows, ncols);
     wg::fence_proxy_async();  // staging writes, before the store warps' bulk stores read them
     if constexpr (Epi::kWalk) {
       consumers_sync();
@@ -757,25 +827,40 @@ inline Params dw_params(const int32_t* off, int E, int64_t K, int64_t M, void* c
 }
 
 // The kernel with epilogue policy epi on `grid` CTAs. x [N, K], dy [N, M].
-template <int BN, typename DwT, int BK, int BM = kBM, class Epi>
+// Cfg::kTma's map of a bf16 dw [E, M, K]: boxes of 64 columns x 128 rows of one expert, 128B swizzle.
+inline CUtensorMap dw_out_map(void* dw, int64_t E, int64_t M, int64_t K) {
+  CUtensorMap m;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(K), static_cast<cuuint64_t>(M), static_cast<cuuint64_t>(E)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(K) * 2, static_cast<cuuint64_t>(M * K) * 2};
+  const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(kBM), 1}, estr[3] = {1, 1, 1};
+  const CUresult r = dw_encoder()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, dw, dims, strides, box, estr,
+                                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  MT_CHECK(r == CUDA_SUCCESS, "[grouped_gemm_ws] cuTensorMapEncodeTiled (dW) failed with error {}", static_cast<int>(r));
+  return m;
+}
+
+template <int BN, typename DwT, int BK, int BM = kBM, bool Tma = false, class Epi>
 void launch_dw_kernel(Context& ctx, const bf16* x, const bf16* dy, int64_t N, int64_t K, int64_t M, const Params& p,
                       const Epi& epi, int64_t grid, const char* op) {
-  using C = Cfg<BN, DwT, BK, BM>;
+  using C = Cfg<BN, DwT, BK, BM, Tma>;
   const CUtensorMap ma = dw_map(dy, N > 0 ? N : 1, M, BK), mb = dw_map(x, N > 0 ? N : 1, K, BK);
-  auto kernel = gmm_ws_dw_kernel<BN, DwT, BK, Epi, BM>;
+  CUtensorMap mc{};  // unused unless Tma
+  if constexpr (Tma) mc = dw_out_map(p.c, p.E, M, K);
+  auto kernel = gmm_ws_dw_kernel<BN, DwT, BK, Epi, BM, Tma>;
   MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
-  launch_pdl(kernel, static_cast<unsigned>(grid), kThreads, C::kSmem, stream_of(ctx), ma, mb, p, epi);
+  launch_pdl(kernel, static_cast<unsigned>(grid), kThreads, C::kSmem, stream_of(ctx), ma, mb, mc, p, epi);
   check_launch(op);
 }
 
 // x [N, K], dy [N, M]; dw [E, M, K]; per-tile partials of the sum of squares into `partial` (or null).
-template <int BN, typename DwT, int BK, int BM = kBM>
+template <int BN, typename DwT, int BK, int BM = kBM, bool Tma = false>
 void launch_dw(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, int E, int64_t N, int64_t K,
                int64_t M, void* dw, bool accumulate, double* partial) {
   const Params p = dw_params<BN, BM>(off, E, K, M, dw, accumulate, partial);
   const int64_t bound = static_cast<int64_t>(E) * p.nmt * p.ncol, sms = dw_sm_count(ctx);
   const int64_t grid = bound < sms ? (bound > 0 ? bound : 1) : sms;
-  launch_dw_kernel<BN, DwT, BK, BM>(ctx, x, dy, N, K, M, p, StoreEpilogue{}, grid, "grouped_matmul_backward");
+  launch_dw_kernel<BN, DwT, BK, BM, Tma>(ctx, x, dy, N, K, M, p, StoreEpilogue{}, grid, "grouped_matmul_backward");
 }
 
 // Whether dispatch_dw runs an f32 gradient on 128 x 256 tiles staged in halves (see there).
@@ -795,7 +880,9 @@ inline int64_t dw_sums_tiles(int E, int64_t K, int64_t M, bool dw_bf16, bool acc
 // (bf16: 32 rows / 6 stages instead of 64 / 3; f32 128 wide: 64 / 4 instead of 32 / 8; f32 256 wide:
 // 32 / 6 instead of 64 / 3; bf16 tall: 64 / 2 instead of 32 / 4), bit 1 (2) = f32 on 128-wide tiles always,
 // bit 2 (4) = bf16 on 256 x 192 tiles (two 64 x 192 accumulators a consumer warpgroup; the same values,
-// the sums of squares grouped per tile). Defaults: bf16 128 x 256 tiles;
+// the sums of squares grouped per tile), bit 3 (8) = bf16 tiles stored (and, +=, loaded) as TMA tensor
+// boxes by one store thread (Cfg::kTma; the same values and sums; not with bit 2; only where M is a
+// multiple of 128 and K of 256, so that no box reaches past the gradient). Defaults: bf16 128 x 256 tiles;
 // f32 128 x 256 tiles staged in halves, with the += as a bulk reduce-add, except for a += with sums of
 // squares (the last micro-batch of several without the update in backward: the sums need the stored
 // value, which only the old rows' load gives), which keeps 128 x 128 tiles.
@@ -805,6 +892,9 @@ inline void dispatch_dw(Context& ctx, const bf16* x, const bf16* dy, const int32
   if (dw_tall(dw_bf16, variant)) {
     if (deep) launch_dw<192, bf16, 64, 2 * kBM>(ctx, x, dy, off, E, N, K, M, dw, accumulate, partial);
     else launch_dw<192, bf16, 32, 2 * kBM>(ctx, x, dy, off, E, N, K, M, dw, accumulate, partial);
+  } else if (dw_bf16 && (variant & 8) && M % kBM == 0 && K % 256 == 0) {  // whole boxes (what the tests cover)
+    if (deep) launch_dw<256, bf16, 32, kBM, true>(ctx, x, dy, off, E, N, K, M, dw, accumulate, partial);
+    else launch_dw<256, bf16, 64, kBM, true>(ctx, x, dy, off, E, N, K, M, dw, accumulate, partial);
   } else if (dw_bf16) {
     if (deep) launch_dw<256, bf16, 32>(ctx, x, dy, off, E, N, K, M, dw, accumulate, partial);
     else launch_dw<256, bf16, 64>(ctx, x, dy, off, E, N, K, M, dw, accumulate, partial);
