@@ -547,45 +547,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // ---- store warps (see store_rows) ----
     const int st = tid - 32, sw = st >> 5, lane = tid & 31;
     const StoreRows own = store_rows(sw, lane);
-    if constexpr (C::kTma) {  // store thread 0 alone: the tile's boxes (and, +=, the next tile's old ones)
-      if (st != 0) return;
-      auto release = [&](const Tile& x) {  // the staging tile free: (+=) load tile x's old boxes; sready
-        if (!p.accumulate) {
-          wg::mbar_arrive(sready);
-          return;
-        }
-        wg::mbar_arrive_tx(sready, C::kOutBytes);  // whole boxes, zero-filled past M or K
-#pragma unroll
-        for (int b = 0; b < BN / 64; ++b)
-          tma_3d_load(sout + b * (kBM * 128), &map_c, static_cast<int>(x.j0) * BN + 64 * b, static_cast<int>(x.i0),
-                      x.e, sready);
-      };
-      int64_t t = seek(blockIdx.x);
-      if (t < total) release(decode<BN, BK, BM>(p, s_off, t));
-      for (uint32_t it = 0; t < total; ++it) {
-        const Tile x = decode<BN, BK, BM>(p, s_off, t);
-        const int64_t tn = seek(t + stride);
-        wg::mbar_wait_idle(sfull, it & 1u);
-#pragma unroll
-        for (int b = 0; b < BN / 64; ++b)  // boxes wholly past K skipped; TMA clips the rest at M and K
-          if (x.j0 * BN + 64 * b < p.cj)
-            tma_3d_store(&map_c, sout + b * (kBM * 128), static_cast<int>(x.j0) * BN + 64 * b, static_cast<int>(x.i0),
-                         x.e);
-        wg::bulk_commit();
-        if (p.ss) {  // the consumers' 8 warp sums (before sfull), in warp order
-          const double* red = s_red + 8 + 8 * (it & 1u);
-          double s = 0.0;
-#pragma unroll
-          for (int w = 0; w < 8; ++w) s += red[w];
-          p.ss[tile_id<BM>(p, x)] = s;
-        }
-        wg::bulk_wait_read();
-        if (tn < total) release(decode<BN, BK, BM>(p, s_off, tn));
-        t = tn;
-      }
-      wg::bulk_wait_all();
-      return;
-    }
+    if (C::kTma && st != 0) return;  // Cfg::kTma: store thread 0 alone moves the tile's boxes
     if constexpr (C::kHalves) {  // two rounds a tile: store (=) or reduce-add (+=) a half, free the staging
       uint32_t it = 0, tt = 0;
       int64_t t = seek(blockIdx.x);
@@ -625,7 +587,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     // A lane's rows: own.a and (has_b) own.b of each 128-row half of the tile (one half but for tall tiles).
     auto release = [&](const Tile& x) {  // own rows free: (+=) load tile x's old rows; arrive on sready
-      if constexpr (NA == 1) {
+      if constexpr (C::kTma) {  // the whole staging tile: tile x's old boxes (zero-filled past M or K)
+        if (!p.accumulate) {
+          wg::mbar_arrive(sready);
+          return;
+        }
+        wg::mbar_arrive_tx(sready, C::kOutBytes);
+#pragma unroll
+        for (int b = 0; b < BN / 64; ++b)
+          tma_3d_load(sout + b * (kBM * 128), &map_c, static_cast<int>(x.j0) * BN + 64 * b, static_cast<int>(x.i0),
+                      x.e, sready);
+      } else if constexpr (NA == 1) {
         const uint32_t na = p.accumulate ? row_bytes<BN, DwT>(p, x, own.a) : 0u;
         const uint32_t nb = p.accumulate && own.has_b ? row_bytes<BN, DwT>(p, x, own.b) : 0u;
         if (na + nb == 0) {
@@ -662,7 +634,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       const Tile x = decode<BN, BK, BM>(p, s_off, t);
       const int64_t tn = seek(t + stride);
       wg::mbar_wait_idle(sfull, it & 1u);
-      if constexpr (Epi::kStore) {
+      if constexpr (C::kTma) {
+#pragma unroll
+        for (int b = 0; b < BN / 64; ++b)  // boxes wholly past K skipped; TMA clips the rest at M and K
+          if (x.j0 * BN + 64 * b < p.cj)
+            tma_3d_store(&map_c, sout + b * (kBM * 128), static_cast<int>(x.j0) * BN + 64 * b, static_cast<int>(x.i0),
+                         x.e);
+        wg::bulk_commit();
+      } else if constexpr (Epi::kStore) {
 #pragma unroll
         for (int h = 0; h < NA; ++h) {
           const int ra = own.a + kBM * h, rb = own.b + kBM * h;
@@ -680,8 +659,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int w = 0; w < 8; ++w) s += red[w];
         p.ss[tile_id<BM>(p, x)] = s;
       }
-      wg::fence_proxy_async();  // this lane's reads of the staging rows, before the bulk loads into them
-      __syncwarp();
+      if constexpr (!C::kTma) {  // (one thread left with kTma, which reads no staging row itself)
+        wg::fence_proxy_async();  // this lane's reads of the staging rows, before the bulk loads into them
+        __syncwarp();
+      }
       if constexpr (Epi::kStore) wg::bulk_wait_read();
       if (tn < total) release(decode<BN, BK, BM>(p, s_off, tn));
       t = tn;
