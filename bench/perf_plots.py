@@ -52,6 +52,7 @@ RATIO_BY_ROUND = [
     (46, [1.97, 1.97]),
     (47, [2.02, 2.00, 2.02]),
     (48, [2.06, 1.97, 2.05, 1.99]),
+    (49, [1.99]),
 ]
 
 FONT = 'font-family="DejaVu Sans, Arial, sans-serif"'
