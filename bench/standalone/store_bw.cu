@@ -15,7 +15,7 @@
 //   tma_2buf      as tma_1buf with two staging tiles
 // Values are not checked (the buffer only receives a pattern); this measures rates. Median of 10
 // (bench/standalone/median_events.cuh). Arguments: [E M K] (default 128 1536 2048; 128 2048 768 is down).
-// nvcc -O3 -std=c++17 -arch=sm_90a bench/standalone/store_bw.cu -o store_bw && ./store_bw [E M K]
+// nvcc -O3 -std=c++17 -arch=sm_90a -Isrc bench/standalone/store_bw.cu -o store_bw && ./store_bw [E M K]
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "kernels/cuda/wgmma_sm90.cuh"
 #include "median_events.cuh"
 
 namespace {
@@ -40,40 +41,11 @@ constexpr int kTileBytes = kRows * kCols * 2;  // 64 KB of bf16
     }                                                                                             \
   } while (0)
 
+namespace wg = moetrain::cuda::wg;
+
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred p;\nW:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra W;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-__device__ __forceinline__ void bulk_row(void* dst, uint32_t src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void tma_box(const CUtensorMap* m, uint32_t src, int c0, int c1, int c2) {
-  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
-                   reinterpret_cast<uint64_t>(m)),
-               "r"(src), "r"(c0), "r"(c1), "r"(c2)
-               : "memory");
-}
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void bulk_wait_read() {
-  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 
 struct Shape {
   int E, M, K;
@@ -108,10 +80,10 @@ __global__ void __launch_bounds__(kThreads, 1) epi_kernel(const __grid_constant_
   const int64_t total = s.tiles();
   if (tid == 0) {
     for (int b = 0; b < kBufs; ++b) {
-      mbar_init(bars + 8 * b, kConsumers);
-      mbar_init(bars + 8 * (kBufs + b), kMode == 2 ? 1 : kStoreThreads);
+      wg::mbar_init(bars + 8 * b, kConsumers);
+      wg::mbar_init(bars + 8 * (kBufs + b), kMode == 2 ? 1 : kStoreThreads);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    wg::fence_mbar_init();
   }
   __syncthreads();
   if (warp == 0) return;
@@ -120,30 +92,31 @@ __global__ void __launch_bounds__(kThreads, 1) epi_kernel(const __grid_constant_
     const int st = tid - 32;
     if (kMode == 2 && st != 0) return;
     int64_t it = 0;
-    for (int b = 0; b < kBufs; ++b) mbar_arrive(bars + 8 * (kBufs + b));  // every staging tile free
+    for (int b = 0; b < kBufs; ++b) wg::mbar_arrive(bars + 8 * (kBufs + b));  // every staging tile free
     for (int64_t t = blockIdx.x; t < total; t += gridDim.x, ++it) {
       const int b = static_cast<int>(it % kBufs);
-      mbar_wait(bars + 8 * b, static_cast<uint32_t>((it / kBufs) & 1));
+      wg::mbar_wait(bars + 8 * b, static_cast<uint32_t>((it / kBufs) & 1));
       int e, i, j;
       tile_of(s, t, e, i, j);
       const uint32_t src = base + b * kTileBytes;
       if (kMode == 1) {
         for (int r = st; r < kRows; r += kStoreThreads)
-          bulk_row(out + (static_cast<int64_t>(e) * s.M + i * kRows + r) * s.K + j * kCols, src + r * kCols * 2,
+          wg::bulk_store(out + (static_cast<int64_t>(e) * s.M + i * kRows + r) * s.K + j * kCols, src + r * kCols * 2,
                    kCols * 2);
       } else {
-        for (int q = 0; q < kCols / 64; ++q) tma_box(&map, src + q * (kRows * 128), j * kCols + 64 * q, i * kRows, e);
+        for (int q = 0; q < kCols / 64; ++q)
+          wg::tma_3d_store(&map, src + q * (kRows * 128), j * kCols + 64 * q, i * kRows, e);
       }
-      bulk_commit();
+      wg::bulk_commit();
       if (kBufs == 1) {
-        bulk_wait_read<0>();
-        mbar_arrive(bars + 8 * kBufs);
+        wg::bulk_wait_read();
+        wg::mbar_arrive(bars + 8 * kBufs);
       } else if (it > 0) {  // the previous tile's copies have read their staging tile
-        bulk_wait_read<1>();
-        mbar_arrive(bars + 8 * (kBufs + static_cast<int>((it - 1) % kBufs)));
+        wg::bulk_wait_read_but_last();
+        wg::mbar_arrive(bars + 8 * (kBufs + static_cast<int>((it - 1) % kBufs)));
       }
     }
-    bulk_wait_all();
+    wg::bulk_wait_all();
     return;
   }
   // consumers
@@ -163,16 +136,16 @@ __global__ void __launch_bounds__(kThreads, 1) epi_kernel(const __grid_constant_
       continue;
     }
     const int b = static_cast<int>(it % kBufs);
-    mbar_wait(bars + 8 * (kBufs + b), static_cast<uint32_t>((it / kBufs) & 1));
+    wg::mbar_wait(bars + 8 * (kBufs + b), static_cast<uint32_t>((it / kBufs) & 1));
     if (kStage || it < kBufs) {
       for (int k = ct; k < kTileBytes / 16; k += kConsumers) {
         const uint32_t a = base + b * kTileBytes + 16 * k;
         asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                      : "memory");
       }
-      fence_proxy_async();
+      wg::fence_proxy_async();
     }
-    mbar_arrive(bars + 8 * b);
+    wg::mbar_arrive(bars + 8 * b);
   }
 }
 

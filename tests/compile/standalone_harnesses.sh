@@ -110,7 +110,7 @@ job sweep "$sa/cublaslt_sweep.cu (its header's build line)" \
 job lmhead "$sa/lmhead_overlap.cu (its header's build line)" \
   "$nvcc" -O3 -std=c++17 -arch=sm_90a "$sa/lmhead_overlap.cu" -lcublas -o "$tmp/lmhead_overlap"
 job store_bw "$sa/store_bw.cu (its header's build line)" \
-  "$nvcc" -O3 -std=c++17 -arch=sm_90a "$sa/store_bw.cu" -o "$tmp/store_bw"
+  "$nvcc" -O3 -std=c++17 -arch=sm_90a -Isrc "$sa/store_bw.cu" -o "$tmp/store_bw"
 finish
 
 # Links, as the driver scripts link (each only when its objects, <job name>.o, built).

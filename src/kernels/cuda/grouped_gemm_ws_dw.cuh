@@ -121,13 +121,8 @@ __device__ __forceinline__ void tma_2d(uint32_t dst, const CUtensorMap* m, int c
       "l"(reinterpret_cast<uint64_t>(m)), "r"(c0), "r"(c1), "r"(bar)
       : "memory");
 }
-// Cfg::kTma's boxes of dw [E, M, K] (coordinates: column, row, expert), bulk-group stores and mbarrier loads.
-__device__ __forceinline__ void tma_3d_store(const CUtensorMap* m, uint32_t src, int c0, int c1, int c2) {
-  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
-                   reinterpret_cast<uint64_t>(m)),
-               "r"(src), "r"(c0), "r"(c1), "r"(c2)
-               : "memory");
-}
+// Cfg::kTma's boxes of dw [E, M, K] (coordinates: column, row, expert) into shared memory (the stores are
+// wg::tma_3d_store).
 __device__ __forceinline__ void tma_3d_load(uint32_t dst, const CUtensorMap* m, int c0, int c1, int c2, uint32_t bar) {
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::
@@ -638,7 +633,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int b = 0; b < BN / 64; ++b)  // boxes wholly past K skipped; TMA clips the rest at M and K
           if (x.j0 * BN + 64 * b < p.cj)
-            tma_3d_store(&map_c, sout + b * (kBM * 128), static_cast<int>(x.j0) * BN + 64 * b, static_cast<int>(x.i0),
+            wg::tma_3d_store(&map_c, sout + b * (kBM * 128), static_cast<int>(x.j0) * BN + 64 * b, static_cast<int>(x.i0),
                          x.e);
         wg::bulk_commit();
       } else if constexpr (Epi::kStore) {
