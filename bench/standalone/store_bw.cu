@@ -15,7 +15,7 @@
 //   tma_2buf      as tma_1buf with two staging tiles
 // Values are not checked (the buffer only receives a pattern); this measures rates. Median of 10
 // (bench/standalone/median_events.cuh). Arguments: [E M K] (default 128 1536 2048; 128 2048 768 is down).
-// nvcc -O3 -std=c++17 -arch=sm_90a -Isrc bench/standalone/store_bw.cu -o store_bw && ./store_bw [E M K]
+// On the GPU machine: bash bench/standalone/store_bw_run.sh (builds with nvcc -O3 -std=c++17 -arch=sm_90a -Isrc).
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>

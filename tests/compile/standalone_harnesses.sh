@@ -98,6 +98,8 @@ job gemm_ws "gemm_ws_run.sh / gemm_ws_ab.sh: compiling $sa/gemm_ws.cu" \
   "$nvcc" "${flags[@]}" -c "$sa/gemm_ws.cu" -o "$tmp/gemm_ws.o"
 job overlap "overlap_run.sh: compiling $sa/overlap.cu" \
   "$nvcc" "${flags[@]}" -c "$sa/overlap.cu" -o "$tmp/overlap.o"
+job store_bw "store_bw_run.sh: $sa/store_bw.cu" \
+  "$nvcc" -O3 -std=c++17 -arch=sm_90a -Isrc "$sa/store_bw.cu" -o "$tmp/store_bw"
 # Harnesses without a driver script, as their header's build line says.
 job adamw_multi "$sa/adamw_multi.cu (its header's build line)" \
   "$nvcc" -O3 -std=c++17 -arch=sm_90a -Isrc "$sa/adamw_multi.cu" -o "$tmp/adamw_multi"
@@ -109,8 +111,6 @@ job sweep "$sa/cublaslt_sweep.cu (its header's build line)" \
   "$nvcc" -O2 -std=c++17 -arch=sm_90a "$sa/cublaslt_sweep.cu" -lcublasLt -lcublas -o "$tmp/cublaslt_sweep"
 job lmhead "$sa/lmhead_overlap.cu (its header's build line)" \
   "$nvcc" -O3 -std=c++17 -arch=sm_90a "$sa/lmhead_overlap.cu" -lcublas -o "$tmp/lmhead_overlap"
-job store_bw "$sa/store_bw.cu (its header's build line)" \
-  "$nvcc" -O3 -std=c++17 -arch=sm_90a -Isrc "$sa/store_bw.cu" -o "$tmp/store_bw"
 finish
 
 # Links, as the driver scripts link (each only when its objects, <job name>.o, built).
