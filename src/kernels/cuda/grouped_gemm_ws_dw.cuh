@@ -633,8 +633,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int b = 0; b < BN / 64; ++b)  // boxes wholly past K skipped; TMA clips the rest at M and K
           if (x.j0 * BN + 64 * b < p.cj)
-            wg::tma_3d_store(&map_c, sout + b * (kBM * 128), static_cast<int>(x.j0) * BN + 64 * b, static_cast<int>(x.i0),
-                         x.e);
+            wg::tma_3d_store(&map_c, sout + b * (kBM * 128), static_cast<int>(x.j0) * BN + 64 * b,
+                             static_cast<int>(x.i0), x.e);
         wg::bulk_commit();
       } else if constexpr (Epi::kStore) {
 #pragma unroll
@@ -812,7 +812,8 @@ inline CUtensorMap dw_out_map(void* dw, int64_t E, int64_t M, int64_t K) {
   const CUresult r = dw_encoder()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, dw, dims, strides, box, estr,
                                   CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                   CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  MT_CHECK(r == CUDA_SUCCESS, "[grouped_gemm_ws] cuTensorMapEncodeTiled (dW) failed with error {}", static_cast<int>(r));
+  MT_CHECK(r == CUDA_SUCCESS, "[grouped_gemm_ws] cuTensorMapEncodeTiled (dW) failed with error {}",
+           static_cast<int>(r));
   return m;
 }
 
