@@ -53,7 +53,7 @@ if [[ "${PARALLEL:-0}" == 1 ]]; then
     r=$?
     [[ $rc -ne 0 ]] || rc=$r
   done
-  cat "$out"/test_backend.[0-7].log > "$out/test_backend.log"
+  for k in $(seq 0 $((i - 1))); do cat "$out/test_backend.$k.log"; done > "$out/test_backend.log"
 else
   timeout "${TIMEOUT:-330}" "$bin/test_backend" --gtest_color=no "$@" > "$out/test_backend.log" 2>&1
   rc=$?
