@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(kThreads, 1) epi_kernel(const __grid_constant_
                                                          const Shape s) {
   extern __shared__ __align__(1024) unsigned char smem[];
   const uint32_t base = (smem_u32(smem) + 1023u) & ~1023u;
-  const uint32_t bars = base + kBufs * kTileBytes;  // sfull[kBufs], sready[kBufs]
+  const uint32_t bars = base + (kMode == 0 ? 0 : kBufs * kTileBytes);  // sfull[kBufs], sready[kBufs]
   const int tid = threadIdx.x, warp = tid >> 5;
   const int64_t total = s.tiles();
   if (tid == 0) {

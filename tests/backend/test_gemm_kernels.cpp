@@ -3,8 +3,9 @@
 // (grouped_gemm_wgmma.cu, MT_GEMM_KERNEL=wgmma). Both sum each output in the same wgmma order, so
 // their outputs must be the same bits (y and dx also on the ws kernel's variants 2 and 6-9),
 // and dW's epilogue sum of squares too except for a written f32 dW (other tiles, so other partials;
-// also a bf16 dW when the process runs with MT_DW_TALL=1, the 256 x 192 tiles; MT_DW_TMA=1, the bf16
-// tiles stored as TMA boxes, keeps all the bits),
+// also a bf16 dW when the process runs with MT_DW_TALL=1, the 256 x 192 tiles; the bf16 box ring, the
+// default without sums and under MT_DW_TMA=1 with them too, keeps all the bits; a bf16 dW is also run
+// without the sums, which is where the default takes the ring),
 // at the Qwen3-30B-A3B widths with uneven routing, experts without rows and unused capacity rows. (The CPU-twin
 // comparison of the default path is Backend.GroupedMatmul.)
 #include <cstdlib>
@@ -40,7 +41,7 @@ struct Widths { int64_t K, M; };
 
 // Every ws path against the wgmma kernel over the same routing (counts[e] rows for expert e, then
 // 77 unused capacity rows): y and dx for each of `variants` over outputs poisoned with NaN first,
-// and dW f32 / bf16, = / +=, with the epilogue's sum of squares.
+// and dW f32 / bf16, = / +=, with the epilogue's sum of squares (bf16 also without it).
 void check_ws_against_wgmma(const std::vector<int32_t>& counts, const std::vector<Widths>& widths,
                             const std::vector<int>& variants) {
   const int E = static_cast<int>(counts.size());
@@ -80,8 +81,9 @@ void check_ws_against_wgmma(const std::vector<int32_t>& counts, const std::vecto
         const DType dt = bf16 ? DType::kBF16 : DType::kF32;
         Tensor w1 = Tensor::empty({E, s.M, s.K}, dt, Device::cuda(0));
         ops::fill_normal(gpu_ctx(), w1, 0.0f, 0.1f, gpu_ctx().rng(4));
-        Tensor w2 = Tensor::empty({E, s.M, s.K}, dt, Device::cuda(0));
+        Tensor w2 = Tensor::empty({E, s.M, s.K}, dt, Device::cuda(0)), w3 = Tensor::empty({E, s.M, s.K}, dt, Device::cuda(0));
         ops::cast(gpu_ctx(), w1, w2);
+        ops::cast(gpu_ctx(), w1, w3);
         Tensor ss1 = Tensor::zeros({1}, DType::kF64, Device::cuda(0)), ss2 = Tensor::zeros({1}, DType::kF64, Device::cuda(0));
         cuda::grouped_gemm_ws_dw(gpu_ctx(), bf(x), bf(dy), offsets.data<int32_t>(), E, N, s.K, s.M, w1.data_ptr(), bf16,
                                  acc, static_cast<double*>(ss1.data_ptr()));
@@ -91,6 +93,13 @@ void check_ws_against_wgmma(const std::vector<int32_t>& counts, const std::vecto
         const bool dw_same = same_bits(w1, w2);
         EXPECT_TRUE(dw_same) << what;
         check_scalar("grouped_gemm_ws", what + ": bits == wgmma kernel's", dw_same ? 0.0 : 1.0, 0.0, 0.0);
+        if (bf16) {  // without the sums (the box ring's default case where the shape allows it)
+          cuda::grouped_gemm_ws_dw(gpu_ctx(), bf(x), bf(dy), offsets.data<int32_t>(), E, N, s.K, s.M, w3.data_ptr(),
+                                   true, acc, nullptr);
+          const bool plain_same = same_bits(w3, w2);
+          EXPECT_TRUE(plain_same) << what << ", no sums";
+          check_scalar("grouped_gemm_ws", what + ", no sums: bits == wgmma kernel's", plain_same ? 0.0 : 1.0, 0.0, 0.0);
+        }
         // The sum of squares: the same bits where both kernels form per-tile partials over 128-wide
         // tiles; a written f32 gradient takes 256-wide tiles in the ws kernel since round 40, and a bf16
         // one 256 x 192 tiles under MT_DW_TALL=1, so their partials group the same squares differently

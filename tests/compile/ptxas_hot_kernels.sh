@@ -31,7 +31,8 @@ done
 # forward (12 bytes; the default ring depth since round 29, measured faster than the 3-stage one without
 # spills), the fused attention backward at head dim 128 (4 bytes since round 38's second dQ staging
 # tile, measured 143 us a layer faster than without it), the bf16 dW kernel without the fused update
-# (16 bytes, known since round 18; not its MT_DW_TMA variant, which has none), its tall 256 x 192
+# (16 bytes, known since round 18; not its box-ring variant, the default without sums of squares since
+# round 50, which has none), its tall 256 x 192
 # benchmark variant (32 bytes; MT_DW_TALL, round 48) and the RMSNorm forward at D 512 and 1024 (8-12
 # bytes; D 2048, the MoE models' width, has none).
 allow='attn_dkdv_mma_kernel|attn_fwd_ws_kernelILi128ELi2E|attn_bwd_ws_kernelILi128E|AdamWEpilogueItttLi4E|gmm_ws_dw_kernelILi(256|192)E13__nv_bfloat16Li(64|32)ENS1_13StoreEpilogueELi(128|256)ELb0E|rmsnorm_fwd_vec_kernelILi(16|32)E'

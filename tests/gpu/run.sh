@@ -7,10 +7,10 @@
 # the test binary's.
 # PARALLEL=1 (no extra arguments): the whole suite in about a quarter of the time (133 s on the H200, where
 # one test after the other took about 470). The GEMM tuner's test runs
-# alone first (it times cuBLASLt offers, and fails when none wins), then eight processes share the GPU:
+# alone first (it times cuBLASLt offers, and fails when none wins), then nine processes share the GPU:
 # the grouped GEMM's small cases, its two model-width cases (mostly CPU reference work), the fused update
 # at the model's widths, the rest, and the ws-vs-wgmma bits tests once more under each dW knob that a
-# process reads once (MT_DW_TALL=1, MT_DW_DEEP=1, MT_DW_TMA=1; about 20 s each).
+# process reads once (MT_DW_TALL=1, MT_DW_DEEP=1, MT_DW_TMA=1 and MT_DW_TMA=0; about 20 s each).
 # Exit status: the first non-zero one.
 set -uo pipefail
 if [[ "${PARALLEL:-0}" == 1 && $# -gt 0 ]]; then
@@ -39,7 +39,7 @@ if [[ "${PARALLEL:-0}" == 1 ]]; then
   # "ENV=V filter": the filter's tests in a process of their own, under the environment before it (if any)
   for job in "$gmm" "$gmm_gu" "$gmm_dn" "$widths" "-$tuned:$gmm:$gmm_gu:$gmm_dn:$widths" \
              "MT_DW_TALL=1 Backend.GroupedGemmWs*" "MT_DW_DEEP=1 Backend.GroupedGemmWs*" \
-             "MT_DW_TMA=1 Backend.GroupedGemmWs*"; do
+             "MT_DW_TMA=1 Backend.GroupedGemmWs*" "MT_DW_TMA=0 Backend.GroupedGemmWs*"; do
     envs=()
     [[ "$job" == *" "* ]] && envs=("${job%% *}")
     f=${job##* }

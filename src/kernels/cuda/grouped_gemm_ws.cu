@@ -669,16 +669,17 @@ void grouped_gemm_ws_dw(Context& ctx, const __nv_bfloat16* x, const __nv_bfloat1
   // benchmarks): 1 takes the other slab depth (variant bit 0: bf16 32-row slabs in 6 stages instead of
   // 64 in 3), same values and sums (the same k order per output). MT_DW_TALL (read once; benchmarks):
   // 1 puts a bf16 gradient on 256 x 192 tiles (variant bit 2), same values (the sums in another grouping).
-  // MT_DW_TMA (read once; benchmarks): 1 stores a bf16 gradient's tiles as TMA tensor boxes (variant bit 3),
-  // same values and sums.
+  // MT_DW_TMA (read once; benchmarks): the bf16 box ring (gwd::dw_ring: a two-box staging ring, TMA box
+  // stores, a fourth operand stage), by default where the shape allows it and there are no sums of
+  // squares; 1 takes it with sums too (variant bit 3), 0 never (bit 4); same values and sums.
   static const int variant = [] {
     const long v = env_int("MT_DW_F32_WIDE", 1), d = env_int("MT_DW_DEEP", 0), t = env_int("MT_DW_TALL", 0);
-    const long b = env_int("MT_DW_TMA", 0);
+    const long b = env_int("MT_DW_TMA", -1);
     MT_CHECK(v == 0 || v == 1, "[grouped_matmul_backward] MT_DW_F32_WIDE={}: expected 0 or 1", v);
     MT_CHECK(d == 0 || d == 1, "[grouped_matmul_backward] MT_DW_DEEP={}: expected 0 or 1", d);
     MT_CHECK(t == 0 || t == 1, "[grouped_matmul_backward] MT_DW_TALL={}: expected 0 or 1", t);
-    MT_CHECK(b == 0 || b == 1, "[grouped_matmul_backward] MT_DW_TMA={}: expected 0 or 1", b);
-    return (v == 0 ? 2 : 0) | (d == 1 ? 1 : 0) | (t == 1 ? 4 : 0) | (b == 1 ? 8 : 0);
+    MT_CHECK(b == -1 || b == 0 || b == 1, "[grouped_matmul_backward] MT_DW_TMA={}: expected 0 or 1", b);
+    return (v == 0 ? 2 : 0) | (d == 1 ? 1 : 0) | (t == 1 ? 4 : 0) | (b == 1 ? 8 : 0) | (b == 0 ? 16 : 0);
   }();
   const int64_t tiles = gwd::dw_sums_tiles(E, K, M, dw_bf16, accumulate, variant);
   Tensor partial;

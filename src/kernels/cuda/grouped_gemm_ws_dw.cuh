@@ -22,18 +22,28 @@ using bf16 = __nv_bfloat16;
 // 384 threads: warp 0 (lane 0) issues the loads, warps 1-3 are the store warps (kStoreThreads),
 // warpgroups 1 and 2 are the consumers.
 constexpr int kBM = 128, kMaxE = 1024, kThreads = 384, kStoreThreads = 96;
+// Cfg::kTma's expert limit: its shared offsets hold 192 experts (not kMaxE), which with its two 16 KB
+// staging boxes leaves room for 4 stages of 64 k rows (see Cfg).
+constexpr int kRingMaxE = 192;
 
 // Shared memory: kStages x (A: BM / 64 blocks | B: BN / 64 blocks, each BK k rows x 128 B), the staging
-// tile (BM rows at kPitch bytes), barriers full[kS], empty[kS], sfull, sready, offsets [E+1], then
+// tile (BM rows at kPitch bytes; kTma: the box ring), barriers full[kS], empty[kS], sfull[kSlots],
+// sready[kSlots], offsets [E+1], then
 // 8 doubles (consumers: tiles of empty experts) and 2 x 8 (a tile's consumer warp sums of squares,
 // double-buffered; store thread 0 adds them).
 template <int BN, typename DwT, int BK, int BM = kBM, bool Tma = false>
 struct Cfg {
   static constexpr int kRows = BM;  // tile rows: kBM, or 2 kBM (the tall bf16 tiles)
-  // Tma (a bf16 dw, 128-row tiles, the store epilogue): the staging tile is BN / 64 blocks of 128 rows x
-  // 128 bytes in the 128-byte swizzle, each one 3D tensor box of dw, which one store thread writes (and,
-  // +=, loads) with a TMA tile copy: four copies a 128 x 256 tile instead of 128 row copies.
+  // Tma (a bf16 dw, 128-row tiles, the store epilogue): the tile is staged one box at a time, a box
+  // being 64 columns x 128 rows of dw (128-byte rows in the 128-byte swizzle), into a ring of kSlots = 2
+  // box slots; one store thread writes each box (and, +=, first loads its old values) with a TMA tile
+  // copy, and frees its slot for the box after next once the copy has read it. The ring is 32 KB where
+  // a whole staged tile is 66 KB, so with the offsets sized for kRingMaxE experts the operand ring gets
+  // 4 stages of 64 k rows instead of 3: a tile of up to 256 rows an expert (even routing at seq 4096)
+  // has all its operands loaded while the consumers stage the tile before it.
   static constexpr bool kTma = Tma;
+  static constexpr int kSlots = Tma ? 2 : 1, kBox = BM * 128;
+  static constexpr int kExperts = Tma ? kRingMaxE : kMaxE;  // the shared offsets' capacity
   static constexpr int kBlock = BK * 128;
   static constexpr int kABytes = (BM / 64) * kBlock;
   static constexpr int kStageBytes = kABytes + (BN / 64) * kBlock;
@@ -43,16 +53,17 @@ struct Cfg {
   static constexpr bool kHalves = sizeof(DwT) == 4 && BN == 256;
   static constexpr int kStageCols = kHalves ? BN / 2 : BN;
   static constexpr int kPitch = kStageCols * static_cast<int>(sizeof(DwT)) + (sizeof(DwT) == 4 ? 32 : 16);
-  static constexpr int kOutBytes = Tma ? BM * BN * 2 : BM * kPitch;
+  static constexpr int kOutBytes = Tma ? kSlots * kBox : BM * kPitch;
   static_assert(BM == kBM || (BM == 2 * kBM && !kHalves), "tile rows: 128, or 256 without the f32 halves");
   static_assert(!Tma || (BM == kBM && sizeof(DwT) == 2 && BN % 64 == 0), "TMA tile stores: bf16 128-row tiles");
   static constexpr int kOffOff = kOutBytes + 256;
-  static constexpr int kRedOff = kOffOff + ((2 * kMaxE + 1) * 4 + 7) / 8 * 8;  // offsets [E+1], then the order [E]
+  static constexpr int kRedOff = kOffOff + ((2 * kExperts + 1) * 4 + 7) / 8 * 8;  // offsets [E+1], then the order [E]
   static constexpr int kFixed = 1024 + kRedOff + 24 * 8;
   static constexpr int kFit = (227 * 1024 - kFixed) / kStageBytes;
   static constexpr int kStages = kFit < 8 ? kFit : 8;
   static_assert(kStages >= 2, "dW tile does not fit in shared memory");
-  static_assert((2 * kStages + 2) * 8 <= 256, "barrier space");
+  static_assert(!Tma || BK != 64 || kStages == 4, "the box ring is there for a fourth stage");
+  static_assert((2 * kStages + 2 * kSlots) * 8 <= 256, "barrier space");
   static constexpr int kSmem = kFixed + kStages * kStageBytes;
   // setmaxnreg split (128 x kStoreRegs + 256 x kConsumerRegs <= 64512, the launch's 168 x 384): the
   // consumers (fragments, staging, sums of squares) get the registers; the store warps only copy.
@@ -273,11 +284,14 @@ __device__ __forceinline__ void stage_f32(const float (&acc)[BN / 2], bool accum
 // columns < ncols), so the squares need no edge test: the same sums with about 40% fewer instructions
 // (the per-value predicates and selects were most of what the sums cost), on every tile of the model's
 // shapes.
-// kSwz: the staging tile of Cfg::kTma (blocks of 64 columns, 128-byte rows, 16-byte chunk c of row r at
+// kSwz: Cfg::kTma's staging boxes (64 columns x 128 rows, 128-byte rows, 16-byte chunk c of row r at
 // chunk c ^ (r & 7)), else rows at kPitch bytes.
+// jlo, jhi: the column blocks of 8 to stage (kSwz's box b alone: 8 b, 8 b + 8, with sout moved back by b
+// boxes so that the box lands at the slot); constants where inlined in an unrolled loop.
 template <int BN, int kPitch, bool kAllIn, bool kSwz = false>
 __device__ __forceinline__ void stage_bf16(const float (&acc)[BN / 2], bool accumulate, uint32_t sout, int lane,
-                                           int warp, wg::SumSq4& sq, bool ss, const bool (&row_in)[2], int ncols) {
+                                           int warp, wg::SumSq4& sq, bool ss, const bool (&row_in)[2], int ncols,
+                                           int jlo = 0, int jhi = BN / 8) {
   const int fcol = 2 * (lane & 3), q = lane >> 3, srow = 16 * warp + ((q & 1) << 3) + (lane & 7);
   const uint32_t rowaddr = sout + srow * (kSwz ? 128 : kPitch) + (kSwz ? 0 : (q >> 1) * 16);
   // this lane's matrix row address for column blocks j and j + 1 (j even)
@@ -286,7 +300,7 @@ __device__ __forceinline__ void stage_bf16(const float (&acc)[BN / 2], bool accu
     else return rowaddr + j * 16;
   };
 #pragma unroll
-  for (int j = 0; j < BN / 8; j += 2) {
+  for (int j = jlo; j < jhi; j += 2) {
     float v[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = acc[4 * j + i];
@@ -325,7 +339,7 @@ __device__ __forceinline__ void stage_bf16(const float (&acc)[BN / 2], bool accu
 // 4 (2 cw + i) + warp % 4 for warpgroup cw's accumulator i. With ss it also adds the squares of the
 // stored values of its rows < nrows, columns < ncols to sq (groups of four in fragment order over the
 // four chains of wg::SumSq4).
-template <int BN, typename DwT, int kPitch, bool kSwz = false>
+template <int BN, typename DwT, int kPitch>
 __device__ __forceinline__ void stage_rows(const float (&acc)[BN / 2], bool accumulate, uint32_t sout,
                                            unsigned char* out_p, int lane, int vw, wg::SumSq4& sq, bool ss,
                                            int nrows, int ncols) {
@@ -337,9 +351,9 @@ __device__ __forceinline__ void stage_rows(const float (&acc)[BN / 2], bool accu
     else
       stage_f32<BN, kPitch, false>(acc, accumulate, out_p, frow, fcol, sq, ss, row_in, ncols);
   } else if (ss && row_in[0] && row_in[1] && ncols >= BN) {  // every value of this thread is in the tile
-    stage_bf16<BN, kPitch, true, kSwz>(acc, accumulate, sout, lane, vw, sq, true, row_in, ncols);
+    stage_bf16<BN, kPitch, true>(acc, accumulate, sout, lane, vw, sq, true, row_in, ncols);
   } else {
-    stage_bf16<BN, kPitch, false, kSwz>(acc, accumulate, sout, lane, vw, sq, ss, row_in, ncols);
+    stage_bf16<BN, kPitch, false>(acc, accumulate, sout, lane, vw, sq, ss, row_in, ncols);
   }
 }
 
@@ -352,7 +366,7 @@ __device__ __forceinline__ void warp_sum_squares(const wg::SumSq4& sq, int lane,
 
 // Consumer warp `warp` rounds its NA accumulators into the staging tile (stage_rows each, in order); with
 // red non-null, red[warp] gets its partial of the tile's sum of squares (the xor butterfly above).
-template <int BN, typename DwT, int kPitch, int NA, bool kSwz = false>
+template <int BN, typename DwT, int kPitch, int NA>
 __device__ __forceinline__ void stage_tile(const float (&acc)[NA][BN / 2], bool accumulate, uint32_t sout,
                                            unsigned char* out_p, int lane, int warp, double* red, int nrows,
                                            int ncols) {
@@ -360,7 +374,7 @@ __device__ __forceinline__ void stage_tile(const float (&acc)[NA][BN / 2], bool 
 #pragma unroll
   for (int i = 0; i < NA; ++i) {
     const int vw = NA == 1 ? warp : 4 * ((warp >> 2) * NA + i) + (warp & 3);
-    stage_rows<BN, DwT, kPitch, kSwz>(acc[i], accumulate, sout, out_p, lane, vw, sq, red != nullptr, nrows, ncols);
+    stage_rows<BN, DwT, kPitch>(acc[i], accumulate, sout, out_p, lane, vw, sq, red != nullptr, nrows, ncols);
   }
   if (red) warp_sum_squares(sq, lane, warp, red);
 }
@@ -502,7 +516,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t base = (raw + 1023u) & ~1023u;
   unsigned char* out_p = smem_raw + (base - raw) + kS * C::kStageBytes;
   const uint32_t sout = base + kS * C::kStageBytes;
-  const uint32_t full0 = sout + C::kOutBytes, empty0 = full0 + 8 * kS, sfull = empty0 + 8 * kS, sready = sfull + 8;
+  const uint32_t full0 = sout + C::kOutBytes, empty0 = full0 + 8 * kS, sfull = empty0 + 8 * kS;
+  const uint32_t sready = sfull + 8 * C::kSlots;  // sfull[kSlots], sready[kSlots]
   int32_t* s_off = reinterpret_cast<int32_t*>(out_p + C::kOffOff);
   double* s_red = reinterpret_cast<double*>(out_p + C::kRedOff);
   const int tid = threadIdx.x;
@@ -514,8 +529,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       wg::mbar_init(full0 + 8 * s, 1);
       wg::mbar_init(empty0 + 8 * s, 8);
     }
-    wg::mbar_init(sfull, 256);
-    wg::mbar_init(sready, C::kTma ? 1 : kStoreThreads);
+    for (int s = 0; s < C::kSlots; ++s) {
+      wg::mbar_init(sfull + 8 * s, 256);
+      wg::mbar_init(sready + 8 * s, C::kTma ? 1 : kStoreThreads);
+    }
     wg::fence_mbar_init();
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map_a)) : "memory");
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map_b)) : "memory");
@@ -542,7 +559,54 @@ __global__ void __launch_bounds__(kThreads, 1)
     // ---- store warps (see store_rows) ----
     const int st = tid - 32, sw = st >> 5, lane = tid & 31;
     const StoreRows own = store_rows(sw, lane);
-    if (C::kTma && st != 0) return;  // Cfg::kTma: store thread 0 alone moves the tile's boxes
+    if constexpr (C::kTma) {  // store thread 0 alone: the box ring (see Cfg)
+      if (st != 0) return;
+      constexpr int kNB = BN / 64;  // boxes a tile (dispatch_dw: whole boxes only)
+      static_assert(kNB >= C::kSlots, "a tile of at least two boxes");
+      auto release = [&](const Tile& x, int b, int s) {  // slot s takes box b of x (+=: its old values first)
+        const uint32_t bar = sready + 8 * s;
+        if (!p.accumulate) {
+          wg::mbar_arrive(bar);
+          return;
+        }
+        wg::mbar_arrive_tx(bar, C::kBox);
+        tma_3d_load(sout + s * C::kBox, &map_c, static_cast<int>(x.j0) * BN + 64 * b, static_cast<int>(x.i0), x.e,
+                    bar);
+      };
+      int64_t t = seek(blockIdx.x);
+      if (t < total) {
+        const Tile x = decode<BN, BK, BM>(p, s_off, t);
+        release(x, 0, 0);
+        release(x, 1, 1);
+      }
+      uint32_t g = 0;  // boxes so far; box g is in slot g % 2
+      for (uint32_t it = 0; t < total; ++it) {
+        const Tile x = decode<BN, BK, BM>(p, s_off, t);
+        const int64_t tn = seek(t + stride);
+        for (int b = 0; b < kNB; ++b, ++g) {
+          const int s = static_cast<int>(g & 1u);
+          wg::mbar_wait_idle(sfull + 8 * s, (g >> 1) & 1u);
+          wg::tma_3d_store(&map_c, sout + s * C::kBox, static_cast<int>(x.j0) * BN + 64 * b, static_cast<int>(x.i0),
+                           x.e);
+          wg::bulk_commit();
+          if (b == kNB - 1 && p.ss) {  // the consumers' 8 warp sums (before the last box's sfull), in warp order
+            const double* red = s_red + 8 + 8 * (it & 1u);
+            double sum = 0.0;
+#pragma unroll
+            for (int w = 0; w < 8; ++w) sum += red[w];
+            p.ss[tile_id<BM>(p, x)] = sum;
+          }
+          if (g > 0) {  // box g - 1's copy has read the other slot: it takes box g + 1
+            wg::bulk_wait_read_but_last();
+            if (b + 1 < kNB) release(x, b + 1, s ^ 1);
+            else if (tn < total) release(decode<BN, BK, BM>(p, s_off, tn), 0, s ^ 1);
+          }
+        }
+        t = tn;
+      }
+      wg::bulk_wait_all();
+      return;
+    }
     if constexpr (C::kHalves) {  // two rounds a tile: store (=) or reduce-add (+=) a half, free the staging
       uint32_t it = 0, tt = 0;
       int64_t t = seek(blockIdx.x);
@@ -582,17 +646,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     // A lane's rows: own.a and (has_b) own.b of each 128-row half of the tile (one half but for tall tiles).
     auto release = [&](const Tile& x) {  // own rows free: (+=) load tile x's old rows; arrive on sready
-      if constexpr (C::kTma) {  // the whole staging tile: tile x's old boxes (zero-filled past M or K)
-        if (!p.accumulate) {
-          wg::mbar_arrive(sready);
-          return;
-        }
-        wg::mbar_arrive_tx(sready, C::kOutBytes);
-#pragma unroll
-        for (int b = 0; b < BN / 64; ++b)
-          tma_3d_load(sout + b * (kBM * 128), &map_c, static_cast<int>(x.j0) * BN + 64 * b, static_cast<int>(x.i0),
-                      x.e, sready);
-      } else if constexpr (NA == 1) {
+      if constexpr (NA == 1) {
         const uint32_t na = p.accumulate ? row_bytes<BN, DwT>(p, x, own.a) : 0u;
         const uint32_t nb = p.accumulate && own.has_b ? row_bytes<BN, DwT>(p, x, own.b) : 0u;
         if (na + nb == 0) {
@@ -629,14 +683,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const Tile x = decode<BN, BK, BM>(p, s_off, t);
       const int64_t tn = seek(t + stride);
       wg::mbar_wait_idle(sfull, it & 1u);
-      if constexpr (C::kTma) {
-#pragma unroll
-        for (int b = 0; b < BN / 64; ++b)  // boxes wholly past K skipped; TMA clips the rest at M and K
-          if (x.j0 * BN + 64 * b < p.cj)
-            wg::tma_3d_store(&map_c, sout + b * (kBM * 128), static_cast<int>(x.j0) * BN + 64 * b,
-                             static_cast<int>(x.i0), x.e);
-        wg::bulk_commit();
-      } else if constexpr (Epi::kStore) {
+      if constexpr (Epi::kStore) {
 #pragma unroll
         for (int h = 0; h < NA; ++h) {
           const int ra = own.a + kBM * h, rb = own.b + kBM * h;
@@ -654,10 +701,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int w = 0; w < 8; ++w) s += red[w];
         p.ss[tile_id<BM>(p, x)] = s;
       }
-      if constexpr (!C::kTma) {  // (one thread left with kTma, which reads no staging row itself)
-        wg::fence_proxy_async();  // this lane's reads of the staging rows, before the bulk loads into them
-        __syncwarp();
-      }
+      wg::fence_proxy_async();  // this lane's reads of the staging rows, before the bulk loads into them
+      __syncwarp();
       if constexpr (Epi::kStore) wg::bulk_wait_read();
       if (tn < total) release(decode<BN, BK, BM>(p, s_off, tn));
       t = tn;
@@ -669,7 +714,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(C::kConsumerRegs));
   const int ctid = tid - 128, cw = ctid >> 7, lane = tid & 31, warp = ctid >> 5;
   int stage = 0;
-  uint32_t phase = 0, rphase = 0, cit = 0;
+  uint32_t phase = 0, rphase = 0, cit = 0, cbox = 0;  // cbox: kTma's boxes so far (box g in slot g % 2)
   float acc[NA][BN / 2];
   typename Epi::Pending pend;
   bool ahead = false;  // kWalkEmpty: pend holds this idle tile's first batch (the previous idle tile fetched it)
@@ -716,6 +761,27 @@ __global__ void __launch_bounds__(kThreads, 1)
       wg::mbar_arrive(sfull);
       continue;
     }
+    if constexpr (C::kTma) {  // the box ring (whole boxes: every row and column of the tile is in dw)
+      double* red = p.ss ? s_red + 8 + 8 * (cit++ & 1u) : nullptr;  // read by store thread 0 after the last box
+      const bool row_in[2] = {true, true};
+      wg::SumSq4 sq;
+#pragma unroll
+      for (int b = 0; b < BN / 64; ++b, ++cbox) {
+        const int s = static_cast<int>(cbox & 1u);
+        wg::mbar_wait(sready + 8 * s, (cbox >> 1) & 1u);
+        const uint32_t at = sout + (s - b) * C::kBox;  // box b lands at slot s (see stage_bf16)
+        if (red)
+          stage_bf16<BN, C::kPitch, true, true>(acc[0], p.accumulate != 0, at, lane, warp, sq, true, row_in, BN, 8 * b,
+                                                8 * b + 8);
+        else
+          stage_bf16<BN, C::kPitch, false, true>(acc[0], p.accumulate != 0, at, lane, warp, sq, false, row_in, BN,
+                                                 8 * b, 8 * b + 8);
+        if (red && b == BN / 64 - 1) warp_sum_squares(sq, lane, warp, red);
+        wg::fence_proxy_async();  // the box's staging writes, before the store thread's copy reads them
+        wg::mbar_arrive(sfull + 8 * s);
+      }
+      continue;
+    }
     if (solo) {
       consumers_sync();  // every consumer has walked the previous staged tile
     } else {
@@ -725,7 +791,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int nrows = static_cast<int>(p.ci - x.i0 < BM ? p.ci - x.i0 : BM);
     const int ncols = static_cast<int>(p.cj - x.j0 * BN < BN ? p.cj - x.j0 * BN : BN);
     double* red = p.ss ? s_red + 8 + 8 * (cit++ & 1u) : nullptr;  // read by store thread 0 after sfull
-    stage_tile<BN, DwT, C::kPitch, NA, C::kTma>(acc, p.accumulate != 0, sout, out_p, lane, warp, red, nrows, ncols);
+    stage_tile<BN, DwT, C::kPitch, NA>(acc, p.accumulate != 0, sout, out_p, lane, warp, red, nrows, ncols);
     wg::fence_proxy_async();  // staging writes, before the store warps' bulk stores read them
     if constexpr (Epi::kWalk) {
       consumers_sync();
@@ -844,6 +910,14 @@ void launch_dw(Context& ctx, const bf16* x, const bf16* dy, const int32_t* off, 
 inline bool dw_f32_wide(bool accumulate, bool sums, int variant) { return !(variant & 2) && !(accumulate && sums); }
 // Whether dispatch_dw runs a bf16 gradient on the tall 256 x 192 tiles (variant bit 2).
 inline bool dw_tall(bool dw_bf16, int variant) { return dw_bf16 && (variant & 4); }
+// Whether dispatch_dw stages a bf16 gradient in the box ring (Cfg::kTma): whole boxes only (M a multiple
+// of 128, K of 256, so that no box reaches past the gradient) and at most kRingMaxE experts; by default
+// only without sums of squares (with them the ring measured 8% slower on the H200, round 50, without
+// them 3-4% faster); variant bit 3 (8) takes it with sums too, bit 4 (16) never.
+inline bool dw_ring(bool dw_bf16, int E, int64_t K, int64_t M, bool sums, int variant) {
+  if (!dw_bf16 || (variant & (4 | 16)) || M % kBM != 0 || K % 256 != 0 || E > kRingMaxE) return false;
+  return (variant & 8) || !sums;
+}
 // Per-tile partials of the sum of squares over [E, M, K] in bm x bn tiles (size of the `partial` buffer).
 inline int64_t dw_tiles(int E, int64_t K, int64_t M, int bn, int bm = kBM) {
   return static_cast<int64_t>(E) * ((M + bm - 1) / bm) * ((K + bn - 1) / bn);
@@ -857,9 +931,10 @@ inline int64_t dw_sums_tiles(int E, int64_t K, int64_t M, bool dw_bf16, bool acc
 // (bf16: 32 rows / 6 stages instead of 64 / 3; f32 128 wide: 64 / 4 instead of 32 / 8; f32 256 wide:
 // 32 / 6 instead of 64 / 3; bf16 tall: 64 / 2 instead of 32 / 4), bit 1 (2) = f32 on 128-wide tiles always,
 // bit 2 (4) = bf16 on 256 x 192 tiles (two 64 x 192 accumulators a consumer warpgroup; the same values,
-// the sums of squares grouped per tile), bit 3 (8) = bf16 tiles stored (and, +=, loaded) as TMA tensor
-// boxes by one store thread (Cfg::kTma; the same values and sums; not with bit 2; only where M is a
-// multiple of 128 and K of 256, so that no box reaches past the gradient). Defaults: bf16 128 x 256 tiles;
+// the sums of squares grouped per tile), bits 3 and 4: the bf16 box ring (see dw_ring) with sums of squares
+// too / never (Cfg::kTma: tiles staged a box at a time in a ring of two and stored (and, +=, loaded) as
+// TMA tensor boxes by one store thread, with 4 stages of 64 k rows instead of 3, or 8 of 32 with bit 0;
+// the same values and sums). Defaults: the ring where dw_ring allows it (without sums), else bf16 128 x 256 tiles;
 // f32 128 x 256 tiles staged in halves, with the += as a bulk reduce-add, except for a += with sums of
 // squares (the last micro-batch of several without the update in backward: the sums need the stored
 // value, which only the old rows' load gives), which keeps 128 x 128 tiles.
@@ -869,7 +944,7 @@ inline void dispatch_dw(Context& ctx, const bf16* x, const bf16* dy, const int32
   if (dw_tall(dw_bf16, variant)) {
     if (deep) launch_dw<192, bf16, 64, 2 * kBM>(ctx, x, dy, off, E, N, K, M, dw, accumulate, partial);
     else launch_dw<192, bf16, 32, 2 * kBM>(ctx, x, dy, off, E, N, K, M, dw, accumulate, partial);
-  } else if (dw_bf16 && (variant & 8) && M % kBM == 0 && K % 256 == 0) {  // whole boxes (what the tests cover)
+  } else if (dw_ring(dw_bf16, E, K, M, partial != nullptr, variant)) {
     if (deep) launch_dw<256, bf16, 32, kBM, true>(ctx, x, dy, off, E, N, K, M, dw, accumulate, partial);
     else launch_dw<256, bf16, 64, kBM, true>(ctx, x, dy, off, E, N, K, M, dw, accumulate, partial);
   } else if (dw_bf16) {
