@@ -53,6 +53,7 @@ RATIO_BY_ROUND = [
     (47, [2.02, 2.00, 2.02]),
     (48, [2.06, 1.97, 2.05, 1.99]),
     (49, [1.99]),
+    (50, [2.17]),
 ]
 
 FONT = 'font-family="DejaVu Sans, Arial, sans-serif"'

@@ -8,7 +8,7 @@
 # Env: GPU_BIN (an unpacked tests/gpu/stage_perf.sh bundle: moetrain and lib/; or bundle.tar.xz's
 # folder), OUT (/tmp/kernel-rows), ROUNDS (3), REPS (30), SEQ (4096), KERNEL_GROUPS (gmm), TORCH (1; 0
 # skips torch), VARIANTS ("main"): space-separated NAME or NAME:VAR=V,VAR2=V2 (the environment of that
-# variant's processes), e.g. VARIANTS="main tma:MT_DW_TMA=1". EXTRA: more `moetrain bench` arguments.
+# variant's processes), e.g. VARIANTS="main old:MT_DW_TMA=0". EXTRA: more `moetrain bench` arguments.
 # Logs and JSON in $OUT/rows; the table in $OUT/kernel_rows.txt (also printed).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
