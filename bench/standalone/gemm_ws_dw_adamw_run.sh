@@ -2,7 +2,7 @@
 # Device-machine driver for bench/standalone/gemm_ws_dw_adamw.cu: builds the harness (the fused dW +
 # AdamW kernel of src/kernels/cuda/grouped_gemm_ws_dw_adamw.cuh next to the unfused dispatch_dw +
 # adamw_kernel), reports registers / spills, checks bit equality on edge and model shapes, then times
-# fused vs unfused. Snapshots of earlier grouped_gemm_ws_dw{,_adamw}.cuh in $DW_OLD (default
+# fused vs unfused. Snapshots of earlier grouped_gemm_ws_dw{,_stage,_adamw}.cuh in $DW_OLD (default
 # build-dw/dw_old) are built in as gwd_old and timed beside them. PREBUILT=1 reuses the binary in $B.
 # Usage (repo root, GPU machine): bash bench/standalone/gemm_ws_dw_adamw_run.sh [reps]
 set -o pipefail
@@ -15,9 +15,11 @@ FLAGS="-O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -lineinfo -Ibench/st
 OLD=${DW_OLD:-build-dw/dw_old}
 if [ -f "$OLD/grouped_gemm_ws_dw_adamw.cuh" ]; then
   mkdir -p "$B/old/kernels/cuda"
-  for f in grouped_gemm_ws_dw grouped_gemm_ws_dw_adamw; do
+  for f in grouped_gemm_ws_dw grouped_gemm_ws_dw_stage grouped_gemm_ws_dw_adamw; do
+    [ -f "$OLD/$f.cuh" ] || continue  # (snapshots before round 50 hold the staging in grouped_gemm_ws_dw.cuh)
     sed -e 's/namespace moetrain::cuda::gwd\b/namespace moetrain::cuda::gwd_old/' \
         -e 's|kernels/cuda/grouped_gemm_ws_dw.cuh|kernels/cuda/grouped_gemm_ws_dw_old.cuh|' \
+        -e 's|kernels/cuda/grouped_gemm_ws_dw_stage.cuh|kernels/cuda/grouped_gemm_ws_dw_stage_old.cuh|' \
         "$OLD/$f.cuh" > "$B/old/kernels/cuda/${f}_old.cuh"
   done
   FLAGS="$FLAGS -DMT_DW_OLD -I$B/old"

@@ -2,8 +2,9 @@
 # Device-machine driver for bench/standalone/gemm_ws_dw.cu: builds the harness (with the TMA dW
 # kernel, src/kernels/cuda/grouped_gemm_ws_dw.cuh) and the cp.async wgmma kernel (src/), reports
 # registers / spills, times torch._grouped_mm, then checks and times ours. A snapshot of an earlier
-# grouped_gemm_ws_dw.cuh in $DW_OLD (default build-dw/dw_old, e.g. carried) is built in as gwd_old
-# for an A/B in the same process. PREBUILT=1 reuses the binary in $B. Logs go to $OUT.
+# grouped_gemm_ws_dw.cuh (and, since round 50, grouped_gemm_ws_dw_stage.cuh) in $DW_OLD (default
+# build-dw/dw_old, e.g. carried) is built in as gwd_old for an A/B in the same process. PREBUILT=1
+# reuses the binary in $B. Logs go to $OUT.
 # Usage (repo root, GPU machine): bash bench/standalone/gemm_ws_dw_run.sh [reps]
 set -o pipefail
 OUT=${OUT:-/tmp/gemm_ws_dw_out}
@@ -15,8 +16,12 @@ FLAGS="-O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -lineinfo -Ibench/st
 OLD=${DW_OLD:-build-dw/dw_old}
 if [ -f "$OLD/grouped_gemm_ws_dw.cuh" ]; then
   mkdir -p "$B/old/kernels/cuda"
-  sed 's/namespace moetrain::cuda::gwd\b/namespace moetrain::cuda::gwd_old/' "$OLD/grouped_gemm_ws_dw.cuh" \
-    > "$B/old/kernels/cuda/grouped_gemm_ws_dw_old.cuh"
+  for f in grouped_gemm_ws_dw grouped_gemm_ws_dw_stage; do
+    [ -f "$OLD/$f.cuh" ] || continue  # (snapshots before round 50 hold the staging in grouped_gemm_ws_dw.cuh)
+    sed -e 's/namespace moetrain::cuda::gwd\b/namespace moetrain::cuda::gwd_old/' \
+        -e 's|kernels/cuda/grouped_gemm_ws_dw_stage.cuh|kernels/cuda/grouped_gemm_ws_dw_stage_old.cuh|' \
+        "$OLD/$f.cuh" > "$B/old/kernels/cuda/${f}_old.cuh"
+  done
   FLAGS="$FLAGS -DMT_DW_OLD -I$B/old"
   echo "A/B against the snapshot in $OLD"
 fi

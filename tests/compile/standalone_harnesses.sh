@@ -63,9 +63,10 @@ for v in 1 2; do
 done
 # -DMT_DW_OLD builds (gemm_ws_dw_run.sh, gemm_ws_dw_adamw_run.sh): the snapshot renamed as they rename it.
 mkdir -p "$tmp/old/kernels/cuda"
-for f in grouped_gemm_ws_dw grouped_gemm_ws_dw_adamw; do
+for f in grouped_gemm_ws_dw grouped_gemm_ws_dw_stage grouped_gemm_ws_dw_adamw; do
   sed -e 's/namespace moetrain::cuda::gwd\b/namespace moetrain::cuda::gwd_old/' \
       -e 's|kernels/cuda/grouped_gemm_ws_dw.cuh|kernels/cuda/grouped_gemm_ws_dw_old.cuh|' \
+      -e 's|kernels/cuda/grouped_gemm_ws_dw_stage.cuh|kernels/cuda/grouped_gemm_ws_dw_stage_old.cuh|' \
       "$k/$f.cuh" > "$tmp/old/kernels/cuda/${f}_old.cuh"
 done
 

@@ -421,7 +421,7 @@ __global__ void __launch_bounds__(kThreads, 1) gmm_wgmma_dw_kernel(const Args g,
       }
       // Sum of squares of the values as stored, over the tile's in-range part (rows past ci and
       // columns past cj of the staging tile hold stale data).
-      wg::SumSq4 sq;  // the same chains and order as grouped_gemm_ws_dw.cuh's stage_tile
+      wg::SumSq4 sq;  // the same chains and order as grouped_gemm_ws_dw_stage.cuh's stage_tile
       const int64_t col0 = ctile.j0 * BN + fcol;
       const bool row_in[2] = {ctile.i0 + frow < g.ci, ctile.i0 + frow + 8 < g.ci};
       if constexpr (sizeof(DwT) == 4) {
