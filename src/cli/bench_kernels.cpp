@@ -204,6 +204,8 @@ void bench_grouped_gemm(Context& ctx, const ModelConfig& mc, const KernelBenchOp
     Tensor ss = Tensor::zeros({1}, DType::kF64, ctx.device());
     rows.add(key + "dw_ss", tag + " dW (bf16 =) + sum of squares",
              rows.time([&] { ops::grouped_matmul_backward(ctx, x, w, off, dy, none, dwb, false, &ss); }), f);
+    rows.add(key + "dw_ss_b2b", tag + " dW (bf16 =) + sum of squares, 10 back to back",
+             per_call([&] { ops::grouped_matmul_backward(ctx, x, w, off, dy, none, dwb, false, &ss); }), f);
     // The step's expert backward with the update in its dW epilogue (all-bf16 state, stochastic
     // rounding; the weights are their own master): dx, dW and AdamW in one op. Beside it the second
     // half of the unfused pair (MT_FUSED_ADAMW=0): AdamW alone over the stored bf16 gradient, so that

@@ -142,8 +142,8 @@ void run_case(const std::vector<int32_t>& counts, int64_t spare_rows, int64_t K,
 
   const bool dx = same_bits(a.dx, b.dx), w = same_bits(a.w, b.w), mst = same_bits(a.master, b.master);
   // The sums of squares: the same bits, but for an f32 gradient written (no prior), where the pair's
-  // dW sums per 128 x 256 tile and the fused kernel per 128 x 128 tile: the same f32 groups of four
-  // squares, added in f64 in another order, so they agree to f64 rounding.
+  // dW sums per 128 x 256 tile and the fused kernel per 128 x 128 tile: the same f32 sums of 64-column
+  // spans (wg::SumSq4), added in f64 in another order, so they agree to f64 rounding.
   auto sums_agree = [&] {
     if (same_bits(a.ss, b.ss)) return true;
     if (pr.grad == DType::kBF16 || with_prior) return false;

@@ -91,7 +91,7 @@ check("attention_forward" in attr and "step - sum" in attr and "region optimizer
 
 k = {r["key"]: r for r in j["kernels"]}
 want = [f"gmm.{c}.{p}" for c in ("gate_up", "down")
-        for p in ("fwd", "dx", "dw", "bwd", "dw_f32acc", "dw_ss", "fwd_b2b", "dw_b2b", "bwd_b2b")]
+        for p in ("fwd", "dx", "dw", "bwd", "dw_f32acc", "dw_ss", "dw_ss_b2b", "fwd_b2b", "dw_b2b", "bwd_b2b")]
 want += [f"attn.{c}.{p}" for c in ("full", "packed") for p in ("fwd", "bwd")] + [f"loss_head.{v}{w}" for v in ("chunked", "unfused") for w in ("", ".write")]
 want += [f"proj.qkv.{p}{w}" for p in ("fwd", "dx", "dw") for w in ("", ".one")] + [f"proj.o.{p}" for p in ("fwd", "dx", "dw")]
 # the loss head's parts at the default chunk, which is all of T = 64 here (one row set, no duplicate keys)

@@ -445,7 +445,7 @@ __global__ void __launch_bounds__(kThreads, 1) gmm_wgmma_dw_kernel(const Args g,
               s4[2 * jj] = in ? v0 : 0.0f;
               s4[2 * jj + 1] = in ? v1 : 0.0f;
             }
-            if (g.ss) sq.add4((j >> 1) & 3, s4[0], s4[1], s4[2], s4[3]);
+            if (g.ss) sq.add4(h, j, s4[0], s4[1], s4[2], s4[3]);
           }
         }
       } else {
@@ -481,9 +481,8 @@ __global__ void __launch_bounds__(kThreads, 1) gmm_wgmma_dw_kernel(const Args g,
               f[2 * i] = in ? x2.x : 0.0f;
               f[2 * i + 1] = in ? x2.y : 0.0f;
             }
-            const int c2 = 2 * ((j >> 1) & 1);
-            sq.add4(c2, f[0], f[1], f[4], f[5]);
-            sq.add4(c2 + 1, f[2], f[3], f[6], f[7]);
+            sq.add4(0, j, f[0], f[1], f[4], f[5]);
+            sq.add4(1, j, f[2], f[3], f[6], f[7]);
           }
         }
       }

@@ -35,7 +35,7 @@ __device__ __forceinline__ void stage_f32(const float (&acc)[BN / 2], bool accum
         s4[2 * jj] = in ? v0 : 0.0f;
         s4[2 * jj + 1] = in ? v1 : 0.0f;
       }
-      if (kAllIn || ss) sq.add4((j >> 1) & 3, s4[0], s4[1], s4[2], s4[3]);
+      if (kAllIn || ss) sq.add4(h, j, s4[0], s4[1], s4[2], s4[3]);
     }
   }
 }
@@ -86,9 +86,8 @@ __device__ __forceinline__ void stage_bf16(const float (&acc)[BN / 2], bool accu
         f[2 * i] = in ? __uint_as_float(w[i] << 16) : 0.0f;
         f[2 * i + 1] = in ? __uint_as_float(w[i] & 0xffff0000u) : 0.0f;
       }
-      const int c2 = 2 * ((j >> 1) & 1);
-      sq.add4(c2, f[0], f[1], f[4], f[5]);
-      sq.add4(c2 + 1, f[2], f[3], f[6], f[7]);
+      sq.add4(0, j, f[0], f[1], f[4], f[5]);
+      sq.add4(1, j, f[2], f[3], f[6], f[7]);
     }
   }
 }
@@ -166,7 +165,7 @@ __device__ __forceinline__ void stage_f32_half(const float (&acc)[BN / 2], unsig
         s4[2 * jj] = in ? v0 : 0.0f;
         s4[2 * jj + 1] = in ? v1 : 0.0f;
       }
-      if (ss) sq.add4((j >> 1) & 3, s4[0], s4[1], s4[2], s4[3]);
+      if (ss) sq.add4(h, BN / 16 * HF + j, s4[0], s4[1], s4[2], s4[3]);
     }
   }
 }

@@ -207,19 +207,28 @@ __device__ __forceinline__ void wgmma_bf16(float (&d)[kN / 2], uint64_t da, uint
   else wgmma_m64n128k16<kTA, kTB>(d, da, db, scale_d);
 }
 
-// The sum of squares of the stored values of a dW fragment (both dW epilogues): groups of four
-// squares are added in f32 (a bf16 value's square is exact in f32; a group rounds at most three
-// times, a relative error below 2e-7), then each group is widened once and added into one of four
-// interleaved fp64 chains. Widening every square to fp64 (one F2F per element, a quarter-rate
-// instruction) and a single dependent chain bounded the epilogue. Both kernels add the same groups
-// to the same chains in the same order and combine them as (c0 + c1) + (c2 + c3), so their per-tile
-// sums stay bit-equal. Values past the tile's edge are passed as 0 (they add nothing).
+// The sum of squares of the stored values of a dW fragment (both dW epilogues). A thread holds two
+// fragment rows (h = 0, 1) and adds the squares of each row in groups of four: column blocks j and j + 1
+// of 8 (j even), two values each, in f32 (a bf16 value's square is exact in f32). The groups of one row's
+// 64-column span (column blocks 8 s .. 8 s + 7: four groups, j % 8 = 0, 2, 4, 6, in that order) are
+// added in f32, and the span's sum, widened once, goes into fp64 chain 2 h + s % 2. A span rounds at most
+// 15 times (19 for f32 values, whose squares round too): a relative error below 9e-7 (1.2e-6). Round 51
+// widened every group instead (a quarter-rate F2F and a dependent fp64 add per four squares). The spans are
+// fixed by position, not by tile, so kernels that tile dW differently (widths multiples of 64) sum the
+// same f32 spans and differ only by fp64 order; kernels that add the same spans to the same chains in the
+// same order and combine them as (c0 + c1) + (c2 + c3) give the same bits. Values past the tile's edge
+// are passed as 0 (they add nothing).
 struct SumSq4 {
   double c[4] = {0.0, 0.0, 0.0, 0.0};
-  // chain i (0..3; a constant after unrolling) += a^2 + b^2 + c^2 + d^2
-  __device__ __forceinline__ void add4(int i, float a, float b, float x, float y) {
+  float span[2] = {0.0f, 0.0f};  // the open span of row h
+  // row h's group at column blocks j, j + 1 (h and j constants after unrolling) += a^2 + b^2 + x^2 + y^2
+  __device__ __forceinline__ void add4(int h, int j, float a, float b, float x, float y) {
     const float g = __fmaf_rn(a, a, __fmaf_rn(b, b, __fmaf_rn(x, x, __fmul_rn(y, y))));
-    c[i] = __dadd_rn(c[i], static_cast<double>(g));
+    span[h] = (j & 7) == 0 ? g : __fadd_rn(span[h], g);
+    if ((j & 7) == 6) {
+      const int i = 2 * h + ((j >> 3) & 1);
+      c[i] = __dadd_rn(c[i], static_cast<double>(span[h]));
+    }
   }
   __device__ __forceinline__ double total() const { return __dadd_rn(__dadd_rn(c[0], c[1]), __dadd_rn(c[2], c[3])); }
 };
