@@ -54,6 +54,7 @@ RATIO_BY_ROUND = [
     (48, [2.06, 1.97, 2.05, 1.99]),
     (49, [1.99]),
     (50, [2.17]),
+    (51, [2.06, 1.94, 2.08]),
 ]
 
 FONT = 'font-family="DejaVu Sans, Arial, sans-serif"'

@@ -746,8 +746,9 @@ inline bool dw_f32_wide(bool accumulate, bool sums, int variant) { return !(vari
 inline bool dw_tall(bool dw_bf16, int variant) { return dw_bf16 && (variant & 4); }
 // Whether dispatch_dw stages a bf16 gradient in the box ring (Cfg::kTma): whole boxes only (M a multiple
 // of 128, K of 256, so that no box reaches past the gradient) and at most kRingMaxE experts; by default
-// only without sums of squares (with them the ring measured 8% slower on the H200, round 50, without
-// them 4-5% faster); variant bit 3 (8) takes it with sums too, bit 4 (16) never.
+// only without sums of squares (with them the ring measured 8% slower on the H200 in round 50 and level
+// since round 51's span sums; without them 4-5% faster); variant bit 3 (8) takes it with sums too, bit 4
+// (16) never.
 inline bool dw_ring(bool dw_bf16, int E, int64_t K, int64_t M, bool sums, int variant) {
   if (!dw_bf16 || (variant & (4 | 16)) || M % kBM != 0 || K % 256 != 0 || E > kRingMaxE) return false;
   return (variant & 8) || !sums;
