@@ -212,8 +212,8 @@ __device__ __forceinline__ void wgmma_bf16(float (&d)[kN / 2], uint64_t da, uint
 // of 8 (j even), two values each, in f32 (a bf16 value's square is exact in f32). The groups of one row's
 // 64-column span (column blocks 8 s .. 8 s + 7: four groups, j % 8 = 0, 2, 4, 6, in that order) are
 // added in f32, and the span's sum, widened once, goes into fp64 chain 2 h + s % 2. A span rounds at most
-// 15 times (19 for f32 values, whose squares round too): a relative error below 9e-7 (1.2e-6). Round 51
-// widened every group instead (a quarter-rate F2F and a dependent fp64 add per four squares). The spans are
+// 15 times (19 for f32 values, whose squares round too): a relative error below 9e-7 (1.2e-6). Until round
+// 51 every group was widened (a quarter-rate F2F and a dependent fp64 add per four squares). The spans are
 // fixed by position, not by tile, so kernels that tile dW differently (widths multiples of 64) sum the
 // same f32 spans and differ only by fp64 order; kernels that add the same spans to the same chains in the
 // same order and combine them as (c0 + c1) + (c2 + c3) give the same bits. Values past the tile's edge
