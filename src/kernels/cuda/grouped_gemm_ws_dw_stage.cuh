@@ -96,8 +96,8 @@ __device__ __forceinline__ void stage_bf16(const float (&acc)[BN / 2], bool accu
 // accumulating; added in f32) rounded to DwT into the staging tile. stage_rows does one accumulator:
 // rows 16 vw + lane / 4 and + 8 of the tile, where vw is the consumer warp (0..7), or on the tall tiles
 // 4 (2 cw + i) + warp % 4 for warpgroup cw's accumulator i. With ss it also adds the squares of the
-// stored values of its rows < nrows, columns < ncols to sq (groups of four in fragment order over the
-// four chains of wg::SumSq4).
+// stored values of its rows < nrows, columns < ncols to sq (wg::SumSq4's groups of four, in fragment order,
+// summed per 64-column span).
 template <int BN, typename DwT, int kPitch>
 __device__ __forceinline__ void stage_rows(const float (&acc)[BN / 2], bool accumulate, uint32_t sout,
                                            unsigned char* out_p, int lane, int vw, wg::SumSq4& sq, bool ss,
@@ -142,7 +142,7 @@ __device__ __forceinline__ void stage_tile(const float (&acc)[NA][BN / 2], bool 
 // rows: the store warps add them in global memory with a bulk reduce-add, f32 old + new rounded once,
 // the bits of stage_f32's accumulate, so with += there are no sums of squares). With `ss` (= only) it
 // adds the squares of the values inside the output (rows < nrows, tile columns < ncols) to sq, in
-// groups of four (column blocks j and j + 1 of one row) over its four chains. Consumer warp `warp`
+// groups of four (column blocks j and j + 1 of one row), summed per 64-column span. Consumer warp `warp`
 // holds rows 16 warp + lane / 4 and + 8.
 template <int BN, int kPitch, int HF>
 __device__ __forceinline__ void stage_f32_half(const float (&acc)[BN / 2], unsigned char* out_p, int lane, int warp,
