@@ -7,10 +7,27 @@
 # keys moetrain bench --json uses (gmm.gate_up.fwd, attn.full.bwd, loss_head.unfused, ...).
 import argparse
 import json
+import os
 import statistics
+import time
 
 import torch
 import torch.nn.functional as F
+
+
+# MT_BENCH_BUSY_MIB=N (as moetrain bench's): N MiB of random fill queued before each timed sample, so that
+# the first event is recorded on a busy GPU.
+BUSY_MIB = int(os.environ.get("MT_BENCH_BUSY_MIB", "0") or 0)
+_busy = None
+
+
+def busy_gpu():
+    global _busy
+    if BUSY_MIB <= 0:
+        return
+    if _busy is None:
+        _busy = torch.empty(BUSY_MIB << 18, device="cuda", dtype=torch.float32)
+    _busy.normal_()
 
 
 def median_ms(fn, reps):
@@ -20,6 +37,7 @@ def median_ms(fn, reps):
     ts = []
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        busy_gpu()
         a.record()
         fn()
         b.record()
@@ -29,6 +47,18 @@ def median_ms(fn, reps):
 
 
 B2B = 10
+
+
+def host_us(fn, reps):
+    """Median host time of one call issued on an idle GPU, in us (moetrain bench's host_us)."""
+    ts = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        ts.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(ts)
 
 
 def b2b_ms(fn, reps):
@@ -42,7 +72,8 @@ ROWS = []
 
 
 def row(name, ms, flops, key=None, **extra):
-    print(f"torch {name:<34} {ms:9.3f} ms {flops / (ms * 1e-3) / 1e12:8.1f} TFLOP/s", flush=True)
+    host = f"  host {extra['host_us']:.1f} us" if "host_us" in extra else ""
+    print(f"torch {name:<34} {ms:9.3f} ms {flops / (ms * 1e-3) / 1e12:8.1f} TFLOP/s{host}", flush=True)
     ROWS.append({"key": key, "name": name, "ms": ms, "flops": flops, "tflops": flops / (ms * 1e-3) / 1e12, **extra})
 
 
@@ -69,7 +100,9 @@ def bench_gemm(T, reps):
         row(tag + " dx", median_ms(lambda: torch._grouped_mm(dy, w, offs=ends), reps), f, kk + "dx")
         try:
             dyt = dy.t()
-            row(tag + " dw(bf16)", median_ms(lambda: torch._grouped_mm(dyt, x, offs=ends), reps), f, kk + "dw")
+            dw_host = host_us(lambda: torch._grouped_mm(dyt, x, offs=ends), reps)
+            row(tag + " dw(bf16)", median_ms(lambda: torch._grouped_mm(dyt, x, offs=ends), reps), f, kk + "dw",
+                host_us=dw_host)
             # B2B calls between one pair of events, per call (moetrain bench's "10 back to back" rows): the
             # host runs ahead, so its time to each launch is hidden as in a training step.
             row(tag + " fwd, 10 back to back", b2b_ms(lambda: torch._grouped_mm(x, wt, offs=ends), reps), f,

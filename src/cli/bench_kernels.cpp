@@ -13,6 +13,7 @@
 
 #include "cli/bench_common.h"
 #include "core/check.h"
+#include "core/env.h"
 #include "core/energy_meter.h"
 #include "core/profiler.h"
 #include "core/tensor.h"
@@ -33,7 +34,16 @@ double median_of(std::vector<double> v) {
 
 namespace {
 // One timed call: GPU time between CUDA events around fn (the profiler's region), in ms.
+// MT_BENCH_BUSY_MIB=N (a diagnostic, docs/bench.md): N MiB of random fill queued on the device just before
+// each sample,
+// so that the GPU is busy when the first event is recorded: a one-call row then holds neither the
+// host's time to the launch nor what an idle GPU takes to start.
 double sample_ms(Context& ctx, const std::function<void()>& fn) {
+  static const long busy_mib = env_int("MT_BENCH_BUSY_MIB", 0);
+  if (busy_mib > 0 && ctx.device().is_cuda()) {
+    static Tensor busy = Tensor::empty({busy_mib << 18}, DType::kF32, ctx.device());
+    ops::fill_normal(ctx, busy, 0.0f, 1.0f, ctx.rng(0xb05f));
+  }
   Profiler::enable(true);
   {
     const ProfileScope region(ctx, "bench", ProfileKind::kRegion);
@@ -76,7 +86,23 @@ Tensor randn(Context& ctx, const Shape& shape, DType dt, float std, uint64_t pur
 // One case's numbers: median ms, and (when measured) board joules per call and the mean power.
 struct Measure {
   double ms = 0, joules = -1, watts = -1;
+  double host_us = -1;  // host time of one call issued on an idle GPU (host_us()), when measured
 };
+
+// Median host time of one call of fn issued on an idle GPU, in us: from the call to its return, the
+// part of a one-call row's time that the GPU may spend waiting for the launch (the back-to-back rows
+// hide it, as a training step's host running ahead does).
+double host_us(Context& ctx, int reps, const std::function<void()>& fn) {
+  std::vector<double> t;
+  for (int i = 0; i < std::max(reps, 1); ++i) {
+    ctx.synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    t.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+  }
+  ctx.synchronize();
+  return median_of(t);
+}
 
 struct Rows {
   Context& ctx;
@@ -126,6 +152,10 @@ struct Rows {
       r["peak_extra_bytes"] = peak_extra_bytes;
       extra = fmt::format("  peak +{:.1f} MiB", peak_extra_bytes / 1048576.0);
     }
+    if (m.host_us >= 0) {
+      r["host_us"] = m.host_us;
+      extra += fmt::format("  host {:.1f} us", m.host_us);
+    }
     if (m.joules >= 0) {
       r["joules"] = m.joules;
       extra += fmt::format("  {:.3f} J", m.joules);
@@ -173,7 +203,8 @@ void bench_grouped_gemm(Context& ctx, const ModelConfig& mc, const KernelBenchOp
     // the same keys; dx alone = (dx + dW) - dW (the backward op skips dx when dx is undefined).
     Tensor dwb = Tensor::empty({E, c.M, c.K}, DType::kBF16, ctx.device());
     const Measure both = rows.time([&] { ops::grouped_matmul_backward(ctx, x, w, off, dy, dx, dwb, false); });
-    const Measure dwo = rows.time([&] { ops::grouped_matmul_backward(ctx, x, w, off, dy, none, dwb, false); });
+    Measure dwo = rows.time([&] { ops::grouped_matmul_backward(ctx, x, w, off, dy, none, dwb, false); });
+    dwo.host_us = host_us(ctx, o.reps, [&] { ops::grouped_matmul_backward(ctx, x, w, off, dy, none, dwb, false); });
     Measure dxo{std::max(both.ms - dwo.ms, 0.0)};
     if (both.joules >= 0 && dwo.joules >= 0) dxo.joules = std::max(both.joules - dwo.joules, 0.0);
     rows.add(key + "dx", tag + " dx", dxo, f);
@@ -380,10 +411,12 @@ void bench_loss_head(Context& ctx, const ModelConfig& mc, const KernelBenchOptio
       double peak = -1;
     };
     std::vector<Case> cases;
-    // The model's path: chunks of ModelOptions' default size (or --ce-chunks), dlogits in place. Each
-    // is timed adding to the lm_head gradient (a later micro-batch) and writing it (a step's first).
+    // The model's path: chunks of ModelOptions' default size for this gradient dtype (or --ce-chunks),
+    // dlogits in place. Each is timed adding to the lm_head gradient (a later micro-batch) and writing
+    // it (a step's first).
     std::vector<int64_t> chunks = o.ce_chunks;
-    if (chunks.empty()) chunks.push_back(loss_head_chunk_rows(T, V, dt, 0, ModelOptions{}.ce_chunk_bytes));
+    if (chunks.empty())
+      chunks.push_back(loss_head_chunk_rows(T, V, dt, 0, ModelOptions{}.ce_chunk_bytes, gdt == DType::kF32));
     const std::string tag = fmt::format("loss head T{} H{} V{}", T, H, V);
     for (const int64_t c : chunks) {
       const int64_t chunk = loss_head_chunk_rows(T, V, dt, c, 0);
@@ -433,7 +466,9 @@ void bench_loss_head_parts(Context& ctx, const ModelConfig& mc, const KernelBenc
   const int64_t T = o.tokens, H = mc.hidden_size, V = mc.vocab_size;
   const DType dt = compute_dtype(ctx);
   std::vector<int64_t> ns = o.ce_chunks;
-  if (ns.empty()) ns.push_back(loss_head_chunk_rows(T, V, dt, 0, ModelOptions{}.ce_chunk_bytes));
+  if (ns.empty())  // the defaults for a bf16 and an f32 lm_head gradient
+    for (const bool f32_grad : {false, true})
+      ns.push_back(loss_head_chunk_rows(T, V, dt, 0, ModelOptions{}.ce_chunk_bytes, f32_grad));
   ns.push_back(T);
   for (int64_t& n : ns) n = std::clamp<int64_t>(n, 1, T);
   std::sort(ns.begin(), ns.end());

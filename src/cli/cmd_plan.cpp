@@ -63,7 +63,9 @@ int run_plan(int argc, char** argv) {
   app.add_option("--ep", ep, "expert parallel size (default: parallel.expert_model_parallel_size)")->check(CLI::PositiveNumber);
   app.add_option("--imbalance", imbalance, "worst-case routed rows per EP rank over the mean (default 1.5)")
       ->check(CLI::Range(1.0, 1e6));
-  app.add_option("--ce-chunk", ce_chunk, "tokens per loss-head chunk (0: the model's default, up to 1024 that fit 512 MiB of logits)")
+  app.add_option("--ce-chunk", ce_chunk,
+                 "tokens per loss-head chunk (0: the model's default, up to 1024 that fit 512 MiB of logits; "
+                 "2048 in 1 GiB with an f32 lm_head gradient)")
       ->check(CLI::NonNegativeNumber);
   app.add_flag("--search", search, "list the layouts (dp/tp/pp/cp/ep, recompute, micro-batch) that fit, best first");
   app.add_option("--max-micro-batch", max_mbs, "largest micro-batch the search tries (default 8)")->check(CLI::PositiveNumber);

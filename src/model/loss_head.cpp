@@ -13,11 +13,13 @@ namespace moetrain {
 
 using ops::Trans;
 
-int64_t loss_head_chunk_rows(int64_t T, int64_t V, DType dt, int64_t chunk_tokens, size_t chunk_bytes) {
+int64_t loss_head_chunk_rows(int64_t T, int64_t V, DType dt, int64_t chunk_tokens, size_t chunk_bytes,
+                             bool f32_grad) {
   int64_t rows = chunk_tokens;
   if (rows <= 0) {
     const size_t row_bytes = static_cast<size_t>(std::max<int64_t>(V, 1)) * dtype_size(dt);
-    rows = std::clamp<int64_t>(static_cast<int64_t>(chunk_bytes / row_bytes), 1, kCeChunkMaxRows);
+    const int64_t scale = f32_grad ? 2 : 1;
+    rows = std::clamp<int64_t>(static_cast<int64_t>(scale * chunk_bytes / row_bytes), 1, scale * kCeChunkMaxRows);
     if (T > 0) {  // the fewest chunks that fit, made equal (no short last chunk)
       const int64_t n = (T + rows - 1) / rows;
       rows = (T + n - 1) / n;

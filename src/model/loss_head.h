@@ -17,8 +17,12 @@ namespace moetrain {
 // never more than T. 1024 rows fill whole 128- and 256-row GEMM tiles, and at K = 1024 the tuned
 // lm_head gradient GEMM keeps up with one over all T rows (docs/design/kernels.md, round 45): on an
 // H200 the head at 1024-row chunks took 0.8-1.3 ms less per 4096 tokens than at 820 (5 chunks).
+// With an f32 lm_head gradient (f32_grad) the default doubles both limits (2048 rows, 2 x chunk_bytes):
+// every chunk after the first re-reads and rewrites the 4-byte [V, H] gradient, which at 1024 rows
+// left that head 3-4% behind the unfused one and at 2048 rows level with it (round 52).
 inline constexpr int64_t kCeChunkMaxRows = 1024;
-int64_t loss_head_chunk_rows(int64_t T, int64_t V, DType dt, int64_t chunk_tokens, size_t chunk_bytes);
+int64_t loss_head_chunk_rows(int64_t T, int64_t V, DType dt, int64_t chunk_tokens, size_t chunk_bytes,
+                             bool f32_grad = false);
 
 struct LossHeadIO {
   Tensor nll;     // [T] f32 out: lse - logit[label] (unweighted), 0 where label == -100

@@ -115,7 +115,7 @@ void Qwen3Model::release() {
 
 int64_t Qwen3Model::chunk_rows_(int64_t T) const {
   return loss_head_chunk_rows(T, params_.config.vocab_size, params_.embed.dtype(), opts_.ce_chunk_tokens,
-                              opts_.ce_chunk_bytes);
+                              opts_.ce_chunk_bytes, opts_.head_grad_f32 || params_.config.tie_word_embeddings);
 }
 
 Tensor Qwen3Model::embed_and_layers_(Context& ctx, const Batch& batch, Pass pass) {

@@ -43,9 +43,13 @@ struct ModelOptions {
   Recompute recompute = Recompute::kNone;
   bool router_stats = true;  // per-layer health metrics, incl. entropy (device reductions, read once)
   // Loss head chunking: rows per chunk (> 0), or 0 for chunks of at most kCeChunkMaxRows (1024)
-  // rows whose logits fit `ce_chunk_bytes` each (loss_head_chunk_rows).
+  // rows whose logits fit `ce_chunk_bytes` each, twice both when the lm_head gradient is f32
+  // (loss_head_chunk_rows). head_grad_f32: whether it is (a tied embedding's always is; the trainer
+  // sets it from optimizer.main_grads_dtype), so that every pass of the model, with or without
+  // gradients, chunks alike, as `moetrain plan` counts it.
   int64_t ce_chunk_tokens = 0;
   size_t ce_chunk_bytes = size_t{512} << 20;
+  bool head_grad_f32 = true;
 };
 
 // Router health of one sparse layer for one forward.

@@ -29,7 +29,8 @@ const char* objective_name(Objective o);
 Objective parse_objective(const std::string& s);
 
 // Planning constants (documented in docs/design/planner.md; change them there too).
-inline constexpr int64_t kCeChunkTokens = 0;  // 0: up to 1024 rows that fit kCeChunkBytes (ModelOptions' default)
+// 0: up to 1024 rows that fit kCeChunkBytes, twice both with an f32 lm_head gradient (ModelOptions' default)
+inline constexpr int64_t kCeChunkTokens = 0;
 inline constexpr size_t kCeChunkBytes = size_t{512} << 20;  // ModelOptions::ce_chunk_bytes
 inline constexpr double kDefaultImbalance = 1.5;       // worst-case max/mean routed rows per EP rank
 inline constexpr double kFragmentation = 0.05;         // caching-allocator slack, fraction of the dynamic peak

@@ -241,8 +241,10 @@ StagePlan plan_stage(const PlanInput& in, const Hardware& hw, int64_t first, int
   const int64_t passes = std::max<int64_t>(1, gbs / (in.micro_batch_size * lay.dp));  // micro-batches a step
   ts.batches_held = in.objective == Objective::kDpo ? passes : 1;
   ts.dtype_bytes = cpu ? 4 : 2;
+  // The lm_head gradient: the tied embedding's (f32) or a matrix's (main_grads_dtype; allocate_gradients).
+  const bool head_grad_f32 = c.tie_word_embeddings || in.main_grads_dtype == DType::kF32;
   ts.ce_chunk = loss_head_chunk_rows(ts.tokens, ts.vocab_local, cpu ? DType::kF32 : DType::kBF16, in.ce_chunk_tokens,
-                                     kCeChunkBytes);
+                                     kCeChunkBytes, head_grad_f32);
   ts.head = head;
   ts.fused_head = in.objective != Objective::kDpo;
   ts.batch_on_device = true;

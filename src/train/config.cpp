@@ -182,7 +182,7 @@ const std::vector<Field>& schema() {
       MT_KEY(model, moe_aux_loss_coeff, "load-balancing loss coefficient (HF router_aux_loss_coef)"),
       MT_KEY(model, moe_z_loss_coeff, "router z-loss coefficient (ST-MoE); 0 disables"),
       MT_KEY(model, moe_aux_loss_type, "global (HF: statistics over all sparse layers) or per_layer (Megatron: per layer, averaged)"),
-      MT_KEY(model, ce_chunk_tokens, "tokens per loss-head logits chunk (0: up to 1024 that fit 512 MiB; see docs/config.md)"),
+      MT_KEY(model, ce_chunk_tokens, "tokens per loss-head logits chunk (0: up to 1024 that fit 512 MiB, 2048 in 1 GiB with an f32 lm_head gradient; see docs/config.md)"),
       MT_KEY(data, data_path, "training data: chat/text JSONL files or prepared dataset prefixes"),
       MT_KEY(data, valid_data_path, "held-out data; empty: take the validation split from data_path"),
       MT_KEY(data, split, "Megatron-style train,valid,test weights used when valid_data_path is empty"),

@@ -191,6 +191,7 @@ void Trainer::setup_model_() {
   mo.recompute = parse_recompute(cfg_.training.recompute_granularity);
   mo.router_stats = cfg_.logging.log_expert_load;
   mo.ce_chunk_tokens = cfg_.model.ce_chunk_tokens;
+  mo.head_grad_f32 = gdt == DType::kF32;  // (a tied embedding's gradient is f32 whatever this says)
   model_opts_ = mo;
   model_ = std::make_unique<Qwen3Model>(params_, mo);
   // The gradients start at zero, so the first step's first pass writes the matrix gradients as

@@ -73,6 +73,15 @@ TEST(LossHead, ChunkRowsFollowTokensOrBytes) {
   EXPECT_EQ(loss_head_chunk_rows(4000, 151936, DType::kBF16, 0, def), 1000);  // 4 even chunks
   EXPECT_EQ(loss_head_chunk_rows(4096, 512 * 1024, DType::kBF16, 0, def), 512);
   EXPECT_EQ(loss_head_chunk_rows(1 << 20, 1000, DType::kBF16, 0, def), kCeChunkMaxRows);
+  // With an f32 lm_head gradient both limits double: 2048-row chunks (594 MiB), 2 at seq 4096 and 4 at
+  // 8192; a short sequence is one chunk; an explicit size is kept; f32 logits (the CPU) fit 1766 rows
+  // of 1 GiB, so 4096 tokens take three even chunks.
+  EXPECT_EQ(loss_head_chunk_rows(4096, 151936, DType::kBF16, 0, def, true), 2048);
+  EXPECT_EQ(loss_head_chunk_rows(8192, 151936, DType::kBF16, 0, def, true), 2048);
+  EXPECT_EQ(loss_head_chunk_rows(1500, 151936, DType::kBF16, 0, def, true), 1500);
+  EXPECT_EQ(loss_head_chunk_rows(4096, 151936, DType::kBF16, 700, def, true), 700);
+  EXPECT_EQ(loss_head_chunk_rows(4096, 151936, DType::kF32, 0, def, true), 1366);
+  EXPECT_EQ(loss_head_chunk_rows(1 << 20, 1000, DType::kBF16, 0, def, true), 2 * kCeChunkMaxRows);
 }
 
 class HeadChunks : public testing::TestWithParam<bool> {};

@@ -214,7 +214,8 @@ TEST(PlanTrace, ReplayEqualsTheAllocatorOnTheCpuModel) {
     s.num_docs = static_cast<int64_t>(cs.docs.size());
     s.num_layers = cfg.num_hidden_layers;
     s.vocab_local = cfg.vocab_size;
-    s.ce_chunk = loss_head_chunk_rows(T, cfg.vocab_size, DType::kF32, cs.chunk_tokens, mo.ce_chunk_bytes);
+    s.ce_chunk = loss_head_chunk_rows(T, cfg.vocab_size, DType::kF32, cs.chunk_tokens, mo.ce_chunk_bytes,
+                                      mo.head_grad_f32 || cfg.tie_word_embeddings);
     s.dtype_bytes = 4;
     s.fused_head = cs.fused;
     s.batch_on_device = false;
