@@ -253,6 +253,12 @@ void bench_grouped_gemm(Context& ctx, const ModelConfig& mc, const KernelBenchOp
                  ++t.params.step;
                  ops::grouped_matmul_backward_adamw(ctx, x, wm, off, dy, dx, DType::kBF16, no_grad, false, t);
                }), 3 * f);
+      // The same with the gradient's sum of squares formed in the epilogue, as the step runs it (the
+      // gradient norm, logged even with clip_grad 0).
+      rows.add(key + "bwd_adamw_ss", tag + " bwd + AdamW (bf16 state) + sum of squares", rows.time([&] {
+                 ++t.params.step;
+                 ops::grouped_matmul_backward_adamw(ctx, x, wm, off, dy, dx, DType::kBF16, no_grad, false, t, &ss);
+               }), 3 * f);
       // 14 bytes a weight: w, m, v read and written, g read (bf16)
       const double bytes = 14.0 * static_cast<double>(E * c.M * c.K);
       const Measure am = rows.time([&] {
