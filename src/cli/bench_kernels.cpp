@@ -35,9 +35,8 @@ double median_of(std::vector<double> v) {
 namespace {
 // One timed call: GPU time between CUDA events around fn (the profiler's region), in ms.
 // MT_BENCH_BUSY_MIB=N (a diagnostic, docs/bench.md): N MiB of random fill queued on the device just before
-// each sample,
-// so that the GPU is busy when the first event is recorded: a one-call row then holds neither the
-// host's time to the launch nor what an idle GPU takes to start.
+// each sample, so that the GPU is busy when the first event is recorded: a one-call row then holds neither
+// the host's time to the launch nor what an idle GPU takes to start.
 double sample_ms(Context& ctx, const std::function<void()>& fn) {
   static const long busy_mib = env_int("MT_BENCH_BUSY_MIB", 0);
   if (busy_mib > 0 && ctx.device().is_cuda()) {

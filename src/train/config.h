@@ -20,7 +20,8 @@ struct ModelSection {
   double moe_aux_loss_coeff = 0.001;
   double moe_z_loss_coeff = 0.0;
   std::string moe_aux_loss_type = "global";  // global (HF) | per_layer (Megatron)
-  int64_t ce_chunk_tokens = 0;  // loss-head tokens per logits chunk; 0: up to 1024 that fit 512 MiB (2048, 1 GiB: f32 head gradient)
+  // loss-head tokens per logits chunk; 0: up to 1024 that fit 512 MiB (2048 in 1 GiB with an f32 lm_head gradient)
+  int64_t ce_chunk_tokens = 0;
 };
 
 struct DataSection {
