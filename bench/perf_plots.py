@@ -55,6 +55,7 @@ RATIO_BY_ROUND = [
     (49, [1.99]),
     (50, [2.17]),
     (51, [2.06, 1.94, 2.08, 2.08]),
+    (52, [2.03]),
 ]
 
 FONT = 'font-family="DejaVu Sans, Arial, sans-serif"'
