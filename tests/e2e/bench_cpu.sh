@@ -105,6 +105,11 @@ for key, r in k.items():
     if key != "gmm.gate_up.dx" and key != "gmm.down.dx":
         check(r["ms"] > 0, f"kernel {key} time")
 check(k["gmm.gate_up.fwd"]["flops"] == 2 * 64 * 2 * 64 * 64, "gate_up flops")  # N = T k, K = H, M = 2 I
+for key, r in k.items():  # the host's time of one call: on the expert dW rows only, and measured
+    gmm_dw = key in ("gmm.gate_up.dw", "gmm.down.dw")
+    check(("host_us" in r) == gmm_dw, f"kernel {key} host_us present")
+    if gmm_dw:
+        check(r["host_us"] > 0, f"kernel {key} host_us {r['host_us']}")
 for c in ("gate_up", "down"):  # the back-to-back rows: per call, the same work as the single-call rows
     for p in ("fwd", "dw", "bwd"):
         check(k[f"gmm.{c}.{p}_b2b"]["flops"] == k[f"gmm.{c}.{p}"]["flops"], f"gmm {c} {p}_b2b flops")
